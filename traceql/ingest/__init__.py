@@ -1,0 +1,76 @@
+"""Importers: one module per input format, each turning one source into canonical tables.
+
+A format module exposes:
+
+    KIND: str                                   the Source.kind it reads
+    SUPPORTED: bool                             False while the format is only recognised
+    sniff(path: Path, head: bytes) -> bool      content test on the first bytes (decompressed) of a file;
+                                                 folder formats get head=b"" and a directory path
+    read(path: Path, source: Source) -> dict[str, pl.DataFrame]
+                                                 canonical tables (subsets of columns are fine: conform()
+                                                 completes them); sets source.rank/ranks/status/detail/meta.
+                                                 Raises IngestError with a one-line, actionable message.
+
+Modules know nothing about rules or other formats.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+
+import polars as pl
+
+from traceql.model import Source, conform
+
+
+class IngestError(Exception):
+    """A source could not be read. The message is one line: what is wrong and what the user can do."""
+
+
+# Order matters for sniffing: the most specific formats first.
+_MODULES = {
+    "manifest": "traceql.ingest.manifest",
+    "nsys": "traceql.ingest.nsys",
+    "nsys_report": "traceql.ingest.nsys_report",
+    "flight_recorder": "traceql.ingest.flight_recorder",
+    "kineto": "traceql.ingest.kineto",
+    "torch_trace": "traceql.ingest.compile_trace",
+    "compile_debug": "traceql.ingest.compile_debug",
+    "nccl_log": "traceql.ingest.nccl_log",
+    "torch_logs": "traceql.ingest.torch_logs",
+}
+
+
+def formats() -> list[ModuleType]:
+    out = []
+    for name in _MODULES.values():
+        try:
+            out.append(importlib.import_module(name))
+        except ImportError:  # a format module may be absent in a trimmed install; discovery then skips it
+            continue
+    return out
+
+
+def module_for(kind: str) -> ModuleType | None:
+    name = _MODULES.get(kind)
+    return importlib.import_module(name) if name else None
+
+
+def read_source(source: Source) -> dict[str, pl.DataFrame]:
+    """Read one source into conformed canonical tables, stamping rank and source id where the importer left them."""
+    mod = module_for(source.kind)
+    if mod is None or not getattr(mod, "SUPPORTED", False):
+        raise IngestError(f"{source.kind} input is recognised but not yet supported")
+    tables = mod.read(source.path, source)
+    out = {}
+    for name, df in tables.items():
+        if df is None:
+            continue
+        if "source" not in df.columns or df["source"].null_count() == df.height:
+            df = df.with_columns(pl.lit(source.id, dtype=pl.Int32).alias("source"))
+        if ("rank" not in df.columns or df["rank"].null_count() == df.height) and source.rank is not None:
+            df = df.with_columns(pl.lit(source.rank, dtype=pl.Int32).alias("rank"))
+        out[name] = conform(name, df)
+    return out

@@ -1,0 +1,114 @@
+"""Parquet cache of parsed tables, keyed by the source file's content (not its name or mtime).
+
+Layout: <cache_dir>/<digest>/<table>.parquet plus source.json (status, detail, rank, meta). The digest covers the
+file's bytes, its kind and the importer's version, so a re-export, a traceql upgrade or an edit all miss.
+A small index maps (path, size, mtime) to the digest so that a warm re-check does not re-hash large files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import orjson
+import polars as pl
+
+from traceql import __version__
+from traceql.model import Source
+
+FORMAT_VERSION = "3"  # bump when any importer's output changes
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("TRACEQL_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "traceql"
+
+
+def _hash_path(path: Path) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    if path.is_dir():
+        for p in sorted(path.rglob("*")):
+            if p.is_file():
+                h.update(str(p.relative_to(path)).encode())
+                h.update(_hash_path(p).encode())
+        return h.hexdigest()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def digest(source: Source) -> str:
+    st = source.path.stat()
+    index = cache_dir() / "index"
+    stamp = hashlib.blake2b(f"{source.path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode(), digest_size=12).hexdigest()
+    idx = index / stamp
+    content = None
+    if not source.path.is_dir():
+        try:
+            content = idx.read_text().strip() or None
+        except OSError:
+            content = None
+    if content is None:
+        content = _hash_path(source.path)
+        try:
+            index.mkdir(parents=True, exist_ok=True)
+            idx.write_text(content)
+        except OSError:
+            pass
+    return hashlib.blake2b(f"{content}|{source.kind}|{FORMAT_VERSION}|{__version__}".encode(), digest_size=16).hexdigest()
+
+
+def load(source: Source, key: str) -> dict[str, pl.DataFrame] | None:
+    d = cache_dir() / key
+    meta_path = d / "source.json"
+    if not meta_path.exists():
+        return None
+    try:
+        meta = orjson.loads(meta_path.read_bytes())
+        tables = {p.stem: pl.read_parquet(p) for p in d.glob("*.parquet")}
+    except Exception:  # a damaged cache entry is a miss, never an error
+        return None
+    source.status = meta["status"]
+    source.detail = meta["detail"]
+    source.rank = meta["rank"]
+    source.ranks = meta["ranks"]
+    source.rank_origin = meta["rank_origin"]
+    source.host = meta.get("host")
+    source.meta = meta.get("meta", {})
+    # source ids are per discovery; restamp them
+    return {n: t.with_columns(pl.lit(source.id, dtype=pl.Int32).alias("source")) for n, t in tables.items()}
+
+
+def store(source: Source, key: str, tables: dict[str, pl.DataFrame]) -> None:
+    d = cache_dir() / key
+    tmp = d.with_name(d.name + f".tmp{os.getpid()}")
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        for name, df in tables.items():
+            if df.height:
+                df.write_parquet(tmp / f"{name}.parquet", compression="lz4", statistics=False)
+        meta = {
+            "status": source.status,
+            "detail": source.detail,
+            "rank": source.rank,
+            "ranks": source.ranks,
+            "rank_origin": source.rank_origin,
+            "host": source.host,
+            "meta": source.meta,
+        }
+        (tmp / "source.json").write_bytes(orjson.dumps(meta, default=str))
+        if d.exists():
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        tmp.rename(d)
+    except OSError:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,41 @@
+"""Cross-source linking: steps for every row, clock alignment, collective matching, the graph, derived tables.
+
+Each module of this package may expose `DERIVED: dict[str, Callable[[Run], pl.DataFrame]]`: derived tables, built
+on demand (the first time a rule or report asks for one) and stored in run.tables. Modules may also expose
+`NEEDS: dict[str, list[str]]` naming the canonical tables a derived table reads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+
+import polars as pl
+
+from traceql.model import Run
+
+_REGISTRY: dict[str, Callable[[Run], pl.DataFrame]] | None = None
+
+
+def derived_tables() -> dict[str, Callable[[Run], pl.DataFrame]]:
+    global _REGISTRY
+    if _REGISTRY is None:
+        reg: dict[str, Callable[[Run], pl.DataFrame]] = {}
+        for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+            mod = importlib.import_module(f"{__name__}.{info.name}")
+            reg.update(getattr(mod, "DERIVED", {}))
+        _REGISTRY = reg
+    return _REGISTRY
+
+
+def ensure(run: Run, name: str) -> pl.DataFrame:
+    """The table `name`, building it (and what it depends on) if it is derived and not built yet."""
+    if name in run.tables:
+        return run.tables[name]
+    builder = derived_tables().get(name)
+    if builder is None:
+        return run.table(name)
+    df = builder(run)
+    run.tables[name] = df
+    return df
