@@ -1,17 +1,577 @@
-"""TORCH_TRACE structured logs (dedicated_log_torch_trace_rank_N_*.log, plain or gzip). (stub: being written)"""
+"""TORCH_TRACE structured logs (dedicated_log_torch_trace_rank_N_*.log, plain or gzip) -> compile_events.
+
+A record is one glog-prefixed line whose tail is a JSON object (`V1129 09:20:23.443000 14423 path.py:12] {...}`),
+followed by its payload: zero or more lines that each start with a tab. The JSON names the record kind by its
+single non-envelope key (dynamo_start, compilation_metrics, artifact, ...); the envelope carries rank,
+frame_id, frame_compile_id, attempt (restart attempt) and compiled_autograd_id. `str` records intern file names
+that stack frames refer to by number.
+
+What becomes a row (kind): compile (compilation_metrics, bwd_compilation_metrics), graph_break
+(dynamo_graph_break_reason), recompile (recompile_reasons), cache_hit / cache_miss / cache_bypass (FX graph and
+AOTAutograd cache artifacts), cache_limit (a frame given up on after the recompile limit), graph_op (ops of the
+dynamo output graph and the inductor post-grad graphs, in order), ddp_split (DDPOptimizer submodules), and
+unknown (record kinds this importer does not know, counted in source.meta["unknown_kinds"]).
+
+compile_id is torch's own string ("F/C", "!A/F/C"); frame_id is F and attempt is C (the frame's compile count).
+The restart attempt (the `_1` of tlparse's [0/0_1]) is kept in detail.restart.
+"""
 
 from __future__ import annotations
 
+import calendar
+import gzip
 import re
+import zlib
 from pathlib import Path
 
+import orjson
+import polars as pl
+
+from traceql.ingest import IngestError
+
 KIND = "torch_trace"
-SUPPORTED = False
+SUPPORTED = True
 
 # glog prefix then a JSON object: `V1129 09:20:23.443000 14423 torch/_dynamo/...py:123] {"dynamo_start": ...`
-_LINE = re.compile(rb"^[VIWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]]+\] \{")
+_LINE = re.compile(rb"^[VIWEC]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]]+\] \{")
+_HEAD = re.compile(r"^(?:\[rank\d+\]:)?([VIWEC])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+) +(\d+) ([^\]]*)\] (\{.*)$")
+_RANK_IN_NAME = re.compile(r"rank_(\d+)")
+
+_ENVELOPE = {"rank", "frame_id", "frame_compile_id", "attempt", "compiled_autograd_id", "has_payload", "stack"}
+# Record kinds we read or knowingly skip; anything else is counted as unknown.
+_KNOWN = {
+    "str", "dynamo_start", "compilation_metrics", "bwd_compilation_metrics", "artifact", "dynamo_output_graph",
+    "optimize_ddp_split_graph", "optimize_ddp_split_child", "inductor_post_grad_graph", "chromium_event",
+    "describe_storage", "describe_tensor", "describe_source", "dynamo_cpp_guards_str", "dynamo_guards",
+    "aot_forward_graph", "aot_backward_graph", "aot_inference_graph", "aot_joint_graph", "inductor_pre_grad_graph",
+    "inductor_output_code", "compiled_autograd_graph", "graph_dump", "link", "symbolic_shape_specialization",
+    "propagate_real_tensors_provenance", "guard_added", "guard_added_fast", "create_unbacked_symbol",
+    "create_symbol", "expression_created", "missing_fake_kernel", "mismatched_fake_kernel", "memoizer_artifacts",
+    "dump_file", "exported_program", "aot_autograd_backward_compilation_metrics",
+}
+_CACHE_ARTIFACTS = {
+    "fx_graph_cache_hit": ("cache_hit", "fx_graph"),
+    "fx_graph_cache_miss": ("cache_miss", "fx_graph"),
+    "fx_graph_cache_bypass": ("cache_bypass", "fx_graph"),
+    "aotautograd_cache_hit": ("cache_hit", "aotautograd"),
+    "aotautograd_cache_miss": ("cache_miss", "aotautograd"),
+    "aotautograd_cache_bypass": ("cache_bypass", "aotautograd"),
+}
+# Kinds whose payload we need; every other payload is skipped without being kept in memory.
+_NEED_PAYLOAD_ARTIFACTS = {"dynamo_graph_break_reason", "recompile_reasons", "inductor_post_grad_graph",
+                           *_CACHE_ARTIFACTS}
+_NEED_PAYLOAD_KINDS = {"dynamo_output_graph", "inductor_post_grad_graph", "optimize_ddp_split_child"}
+
+_COMPONENT = re.compile(r"^\[(\w+)\] ([^:]+?): ?(.*)$", re.S)
+_GB_AT = re.compile(r"Graph break in user code at (.+):(\d+)")
+_LIMIT = re.compile(r"(?:recompile_limit|cache_size_limit|cache size limit)[^\n]*?(?:currently set to |\()(\d+)")
+_MAX_VALUE = 240  # characters of a component value kept for messages
 
 
 def sniff(path: Path, head: bytes) -> bool:
-    first = head.split(b"\n", 1)[0]
-    return bool(_LINE.match(first))
+    for line in head.split(b"\n", 4)[:4]:
+        if line.startswith(b"[rank"):
+            line = line.split(b"]:", 1)[-1]
+        if _LINE.match(line):
+            return b'"frame_id"' in head or b'"str"' in head or b'"artifact"' in head or b'"dynamo_start"' in head
+    return False
+
+
+def _open_text(path: Path):
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="\n")
+    return open(path, encoding="utf-8", errors="replace", newline="\n")
+
+
+def compile_id_of(env: dict) -> str | None:
+    """torch's CompileId string from a record's envelope (keep in step with torch._guards.CompileId.__str__)."""
+    ca = env.get("compiled_autograd_id")
+    f, c = env.get("frame_id"), env.get("frame_compile_id")
+    if ca is not None:
+        return f"!{ca}/{f}/{c}" if f is not None and c is not None else f"!{ca}"
+    if f is None or c is None:
+        return None
+    return f"{f}/{c}"
+
+
+def parse_compile_id(cid: str | None) -> tuple[int | None, int | None]:
+    """(frame_id, frame_compile_id) of "F/C" or "!A/F/C"; None where absent."""
+    if not cid:
+        return None, None
+    parts = cid.lstrip("!").split("/")
+    if cid.startswith("!"):
+        parts = parts[1:]
+    try:
+        return (int(parts[0]), int(parts[1])) if len(parts) >= 2 else (None, None)
+    except ValueError:
+        return None, None
+
+
+def _dumps(obj) -> str:
+    return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def parse_components(items) -> dict:
+    """Cache-key components `[hash] name: value` -> {name: {"hash": h, "value": short value}}."""
+    out = {}
+    for item in items or []:
+        if not isinstance(item, str):
+            continue
+        m = _COMPONENT.match(item)
+        if not m:
+            continue
+        h, name, value = m.group(1), m.group(2).strip(), m.group(3)
+        if name == "gm":  # the whole graph's source: its hash says enough
+            value = value.split("\n", 1)[0][:_MAX_VALUE]
+        elif "\ufffd" in value or any(ord(ch) < 32 and ch not in "\n\t" for ch in value):
+            value = "<binary>"
+        else:
+            value = value[:_MAX_VALUE]
+        if name in out:  # repeated names (rare): keep them apart
+            k = 2
+            while f"{name}#{k}" in out:
+                k += 1
+            name = f"{name}#{k}"
+        out[name] = {"hash": h, "value": value}
+    return out
+
+
+# --- graph payloads -------------------------------------------------------------------------------------------
+
+_ASSIGN = re.compile(r"^\s+([A-Za-z_]\w*)(?:: \"[^\"]*\")? = (.+)$")
+_CALL = re.compile(r"^([A-Za-z_][\w\.]*)\((.*)\)$", re.S)
+_BINOP = re.compile(r"^([A-Za-z_]\w*|\d[\w\.]*) (\*\*|//|[-+*/@%&|^]|<<|>>|==|!=|<=|>=|<|>) ([A-Za-z_]\w*|[\d\.]+)$")
+_NAME = re.compile(r"[A-Za-z_]\w*")
+_OPSYM = {"+": "add", "-": "sub", "*": "mul", "/": "truediv", "//": "floordiv", "**": "pow", "@": "matmul",
+          "%": "mod", "&": "and_", "|": "or_", "^": "xor", "<<": "lshift", ">>": "rshift", "==": "eq", "!=": "ne",
+          "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
+_DEF = re.compile(r"^\s*def forward\(self,?(.*)\):\s*$")
+
+
+def parse_graph_ops(text: str) -> list[dict]:
+    """Ops of a printed FX graph (GraphModule.print_readable), in order: op target, output name, input names."""
+    ops: list[dict] = []
+    known: set[str] = set()
+    for line in text.split("\n"):
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        m = _DEF.match(line)
+        if m:  # a new graph (submodules print their own forward): inputs become known names
+            known = {a.split(":")[0].strip() for a in m.group(1).split(",") if a.strip()}
+            continue
+        m = _ASSIGN.match(line)
+        if not m:
+            continue
+        out, rhs = m.group(1), m.group(2).split(";  ", 1)[0].strip()
+        op = None
+        args = ""
+        cm = _CALL.match(rhs)
+        if cm:
+            callee, args = cm.group(1), cm.group(2)
+            if callee.startswith("torch.ops."):
+                op = callee[len("torch.ops."):]
+            elif callee.startswith(("torch.", "operator.", "math.", "builtins.")):
+                op = callee
+            elif callee.startswith("self."):
+                op = callee[len("self."):]
+            elif "." in callee:
+                op = "Tensor." + callee.rsplit(".", 1)[1]
+            else:
+                op = callee
+        else:
+            bm = _BINOP.match(rhs)
+            if bm:
+                op = "operator." + _OPSYM.get(bm.group(2), bm.group(2))
+                args = f"{bm.group(1)}, {bm.group(3)}"
+        if op is not None:
+            ins = [n for n in dict.fromkeys(_NAME.findall(args)) if n in known]
+            ops.append({"op": op, "out": out, "in": ins})
+        known.add(out)
+    return ops
+
+
+# --- reading --------------------------------------------------------------------------------------------------
+
+
+def _records(path: Path, stats: dict):
+    """Yield (glog fields, envelope dict, payload lines or None). Payloads are kept only for kinds we need."""
+    cur = None
+    keep = False
+    payload: list[str] = []
+    lineno = 0
+    f = _open_text(path)
+    try:
+        try:
+            for raw in f:
+                lineno += 1
+                if raw.startswith("\t"):
+                    if cur is not None and keep:
+                        payload.append(raw[1:])
+                    continue
+                if cur is not None:
+                    yield cur[0], cur[1], (payload if keep else None)
+                    cur, payload, keep = None, [], False
+                line = raw.rstrip("\n")
+                if not line.strip():
+                    continue
+                m = _HEAD.match(line)
+                if not m:
+                    stats["bad_lines"] += 1
+                    continue
+                if not raw.endswith("\n"):
+                    stats["truncated"] = True  # the last line was cut mid-write
+                try:
+                    env = orjson.loads(m.group(10))
+                except orjson.JSONDecodeError:
+                    stats["bad_lines"] += 1
+                    if not raw.endswith("\n"):
+                        stats["truncated"] = True
+                    continue
+                if not isinstance(env, dict):
+                    stats["bad_lines"] += 1
+                    continue
+                kind = next((k for k in env if k not in _ENVELOPE), None)
+                env["_kind"] = kind
+                env["_line"] = lineno
+                glog = m.groups()[1:7]
+                if kind == "artifact":
+                    name = (env.get("artifact") or {}).get("name", "")
+                    keep = name in _NEED_PAYLOAD_ARTIFACTS
+                else:
+                    keep = kind in _NEED_PAYLOAD_KINDS or (kind == "chromium_event" and stats["clock"] is None)
+                cur = (glog, env)
+        except (EOFError, zlib.error, OSError) as e:  # truncated gzip stream: keep what decompressed
+            stats["truncated"] = True
+            stats["error"] = str(e)
+        if cur is not None:
+            if keep and payload and stats.get("truncated") and cur[1].get("has_payload"):
+                # a payload cut short by truncation: the record is incomplete, drop it
+                stats["dropped_incomplete"] += 1
+            else:
+                yield cur[0], cur[1], (payload if keep else None)
+    finally:
+        f.close()
+
+
+def _glog_ns(glog, year: int) -> int:
+    mon, day, hh, mm, ss, frac = glog
+    secs = calendar.timegm((year, int(mon), int(day), int(hh), int(mm), int(ss), 0, 0, 0))
+    frac_ns = int((frac + "000000000")[:9])
+    return secs * 1_000_000_000 + frac_ns
+
+
+def read(path: Path, source) -> dict[str, pl.DataFrame]:
+    stats = {"bad_lines": 0, "truncated": False, "dropped_incomplete": 0, "clock": None, "error": None}
+    strings: dict[int, str] = {}
+    frames: dict[str, tuple[str | None, str | None, int | None]] = {}  # compile_id -> (function, file, line)
+    rows: list[dict] = []
+    unknown: dict[str, int] = {}
+    ranks_seen: set[int] = set()
+    graph_no: dict[tuple[str | None, str], int] = {}
+    cache_seq: dict[str | None, int] = {}
+    n_records = 0
+    first_glog = None
+    year = None
+
+    for glog, env, payload in _records(path, stats):
+        n_records += 1
+        kind = env["_kind"]
+        if first_glog is None:
+            first_glog = glog
+        r = env.get("rank")
+        if isinstance(r, int):
+            ranks_seen.add(r)
+        cid = compile_id_of(env)
+        base = {"rank": r, "compile_id": cid, "frame_id": env.get("frame_id"), "attempt": env.get("frame_compile_id"),
+                "_glog": glog, "_restart": env.get("attempt")}
+
+        if kind == "str":
+            v = env.get("str")
+            if isinstance(v, list) and len(v) == 2 and isinstance(v[1], int):
+                strings[v[1]] = str(v[0])
+        elif kind == "chromium_event":
+            if stats["clock"] is None and payload:
+                try:
+                    ev = orjson.loads("".join(payload))
+                    if isinstance(ev.get("ts"), (int, float)):
+                        stats["clock"] = (glog, int(ev["ts"] * 1000))
+                except orjson.JSONDecodeError:
+                    pass
+        elif kind == "dynamo_start":
+            stack = (env.get("dynamo_start") or {}).get("stack") or env.get("stack") or []
+            if stack and isinstance(stack[-1], dict):
+                fr = stack[-1]
+                fn = fr.get("filename")
+                frames[cid] = (fr.get("name"), strings.get(fn, str(fn)) if isinstance(fn, int) else fn, fr.get("line"))
+        elif kind in ("compilation_metrics", "bwd_compilation_metrics"):
+            m = env.get(kind) or {}
+            cid = cid or m.get("compile_id")
+            f_id, c_id = parse_compile_id(cid)
+            backward = kind == "bwd_compilation_metrics"
+            if backward:
+                dur_s = m.get("inductor_compile_time_s")
+            else:
+                dur_s = m.get("entire_frame_compile_time_s")
+            dur_us = m.get("duration_us") if not backward else None
+            ts_us = m.get("start_time_us") or (int(m["start_time"] * 1e6) if isinstance(m.get("start_time"), (int, float)) else None)
+            detail = {
+                "phase": "backward" if backward else "forward",
+                "dynamo_s": None if backward else m.get("entire_frame_compile_time_s"),
+                "backend_s": m.get("backend_compile_time_s"),
+                "inductor_s": m.get("inductor_compile_time_s"),
+                "code_gen_s": m.get("code_gen_time_s"),
+                "cache_size": m.get("cache_size"),
+                "accumulated_cache_size": m.get("accumulated_cache_size"),
+                "graph_op_count": m.get("graph_op_count"),
+                "guard_count": m.get("guard_count"),
+                "fail_type": m.get("fail_type"),
+                "num_graph_breaks_cumulative": m.get("num_graph_breaks"),  # per process, cumulative: not per frame
+                "restart_reasons": len(m.get("restart_reasons") or []),
+                "fx_cache_hits": m.get("inductor_fx_local_cache_hit_count"),
+                "fx_cache_misses": m.get("inductor_fx_local_cache_miss_count"),
+                "restart": env.get("attempt"),
+            }
+            fail_reason = m.get("fail_reason") or None
+            row = {**base, "compile_id": cid, "frame_id": f_id, "attempt": c_id, "kind": "compile",
+                   "ts": ts_us * 1000 if ts_us else None,
+                   "dur": int(dur_us * 1000) if dur_us is not None else (int(dur_s * 1e9) if dur_s is not None else None),
+                   "function": m.get("co_name"), "filename": m.get("co_filename"), "line": m.get("co_firstlineno"),
+                   "reason": (fail_reason or "").split("\n", 1)[0] or None,
+                   "detail": {k: v for k, v in detail.items() if v is not None}}
+            rows.append(row)
+            if fail_reason and _is_cache_limit(fail_reason):
+                lm = _LIMIT.search(fail_reason)
+                guard = _guard_text(m.get("recompile_reason"))
+                rows.append({**row, "kind": "cache_limit", "dur": None, "guard": guard,
+                             "reason": fail_reason.split("\n", 1)[0],
+                             "detail": {"limit": int(lm.group(1)) if lm else None, "recompile_reason": m.get("recompile_reason")}})
+            if not backward and m.get("recompile_reason") and cid is not None:
+                row["_recompile_reason"] = m.get("recompile_reason")
+            if not backward and m.get("restart_reasons"):
+                row["_restart_reasons"] = m.get("restart_reasons")
+        elif kind == "artifact":
+            a = env.get("artifact") or {}
+            name = a.get("name", "")
+            text = "".join(payload or [])
+            if name == "dynamo_graph_break_reason":
+                rows.append({**base, "kind": "graph_break", **_graph_break(text)})
+            elif name == "recompile_reasons":
+                reasons = _json_or_lines(text)
+                rows.append({**base, "kind": "recompile", "reason": "\n".join(reasons) or None,
+                             "guard": _guard_text(reasons[0] if reasons else None),
+                             "detail": {"failed_guards": reasons[:16], "n_failed": len(reasons)}})
+            elif name in _CACHE_ARTIFACTS:
+                k, cache = _CACHE_ARTIFACTS[name]
+                try:
+                    info = orjson.loads(text) if text.strip() else {}
+                except orjson.JSONDecodeError:
+                    info = {}
+                if not isinstance(info, dict):
+                    info = {}
+                comps = parse_components(info.get("components"))
+                seq = None
+                if cache == "fx_graph":
+                    seq = cache_seq.get(cid, 0)
+                    cache_seq[cid] = seq + 1
+                det = {"cache": cache, "status": info.get("cache_status_detailed") or info.get("cache_state"), "seq": seq}
+                if info.get("cache_bypass_reason"):
+                    det["bypass_reason"] = str(info["cache_bypass_reason"])[:_MAX_VALUE]
+                rows.append({**base, "kind": k, "cache_key": info.get("key"),
+                             "components": comps or None, "reason": det.get("bypass_reason"), "detail": det})
+            elif name == "inductor_post_grad_graph":
+                rows.extend(_graph_rows(base, text, "post_grad", graph_no))
+        elif kind == "inductor_post_grad_graph":
+            rows.extend(_graph_rows(base, "".join(payload or []), "post_grad", graph_no))
+        elif kind == "dynamo_output_graph":
+            rows.extend(_graph_rows(base, "".join(payload or []), "dynamo", graph_no))
+        elif kind == "optimize_ddp_split_child":
+            name = (env.get(kind) or {}).get("name")
+            n_ops = len(parse_graph_ops("".join(payload or [])))
+            rows.append({**base, "kind": "ddp_split", "op": name, "detail": {"ops": n_ops}})
+        elif kind not in _KNOWN:
+            key = str(kind)
+            unknown[key] = unknown.get(key, 0) + 1
+            rows.append({**base, "kind": "unknown", "detail": {"record": key, "line": env.get("_line")}})
+
+    if n_records == 0:
+        if stats["bad_lines"]:
+            raise IngestError(f"{path.name}: no TORCH_TRACE record could be parsed ({stats['bad_lines']} malformed lines); "
+                              "is it a TORCH_TRACE log written by torch >= 2.2?")
+        raise IngestError(f"{path.name}: TORCH_TRACE log holds no records; re-run with TORCH_TRACE set and let the job compile")
+
+    _fallbacks(rows)
+
+    # rank: the records' own, else the file name (torch writes rank_N into it), else the source's, else 0
+    rank = None
+    origin = ""
+    if len(ranks_seen) == 1:
+        rank, origin = next(iter(ranks_seen)), "TORCH_TRACE records"
+    elif not ranks_seen:
+        m = _RANK_IN_NAME.search(path.name)
+        if m:
+            rank, origin = int(m.group(1)), "file name"
+        elif getattr(source, "rank", None) is not None:
+            rank, origin = source.rank, source.rank_origin or "file name"
+        else:
+            rank, origin = 0, "single process (no rank in the log)"
+    if rank is not None:
+        source.rank = rank
+        source.ranks = [rank]
+    else:
+        source.ranks = sorted(ranks_seen)
+    source.rank_origin = origin or "TORCH_TRACE records"
+
+    # clock: glog prefixes carry local wall time without a year; anchor them on the first chromium event (epoch)
+    offset = None
+    if stats["clock"] is not None:
+        g, epoch_ns = stats["clock"]
+        import datetime as _dt
+
+        year = _dt.datetime.fromtimestamp(epoch_ns / 1e9, tz=_dt.timezone.utc).year
+        naive = _glog_ns(g, year)
+        quarter = 900 * 1_000_000_000  # time zones are whole quarter hours
+        offset = round((epoch_ns - naive) / quarter) * quarter
+
+    out = []
+    for row in rows:
+        glog = row.pop("_glog", None)
+        restart = row.pop("_restart", None)
+        row.pop("_recompile_reason", None)
+        row.pop("_restart_reasons", None)
+        if row.get("rank") is None:
+            row["rank"] = rank
+        if row.get("ts") is None and glog is not None and offset is not None:
+            row["ts"] = _glog_ns(glog, year) + offset
+        fr = frames.get(row.get("compile_id"))
+        if fr is not None:
+            if row.get("function") is None:
+                row["function"] = fr[0]
+            if row.get("filename") is None:
+                row["filename"] = fr[1]
+            if row.get("line") is None:
+                row["line"] = fr[2]
+        det = row.get("detail") or {}
+        if restart and "restart" not in det:
+            det["restart"] = restart
+        row["detail"] = _dumps(det) if det else None
+        if isinstance(row.get("components"), dict):
+            row["components"] = _dumps(row["components"])
+        out.append(row)
+
+    source.meta["records"] = n_records
+    if unknown:
+        source.meta["unknown_kinds"] = unknown
+    notes = []
+    if stats["truncated"] or stats["dropped_incomplete"]:
+        source.status = "partial"
+        notes.append("log ends mid-record (truncated); complete records were kept")
+    if stats["bad_lines"]:
+        notes.append(f"{stats['bad_lines']} malformed line(s) skipped")
+        if source.status == "ok":
+            source.status = "partial"
+    if unknown:
+        notes.append(f"{sum(unknown.values())} record(s) of unknown kind(s) {sorted(unknown)} kept as kind unknown")
+    if notes:
+        source.detail = "; ".join(notes)
+    df = pl.DataFrame(out, schema=_ROW_SCHEMA) if out else None
+    return {"compile_events": df} if df is not None else {}
+
+
+_ROW_SCHEMA = {
+    "rank": pl.Int32, "compile_id": pl.Utf8, "frame_id": pl.Int64, "attempt": pl.Int64, "kind": pl.Utf8,
+    "ts": pl.Int64, "dur": pl.Int64, "function": pl.Utf8, "filename": pl.Utf8, "line": pl.Int64, "reason": pl.Utf8,
+    "guard": pl.Utf8, "user_frame": pl.Utf8, "cache_key": pl.Utf8, "components": pl.Utf8, "op": pl.Utf8,
+    "op_index": pl.Int64, "detail": pl.Utf8,
+}
+
+
+def _is_cache_limit(reason: str) -> bool:
+    r = reason.lower()
+    return "recompile limit" in r or "cache_size_limit" in r or "cache size limit" in r or "recompile_limit" in r
+
+
+def _guard_text(reason: str | None) -> str | None:
+    """`0/3: tensor 'x' size mismatch ...` -> `tensor 'x' size mismatch ...` (the failed guard)."""
+    if not reason:
+        return None
+    first = str(reason).strip().split("\n", 1)[0]
+    return re.sub(r"^!?[\d/]+: ", "", first).strip() or None
+
+
+def _json_or_lines(text: str) -> list[str]:
+    t = text.strip()
+    if not t:
+        return []
+    try:
+        v = orjson.loads(t)
+        if isinstance(v, list):
+            return [str(x) for x in v]
+        if isinstance(v, str):
+            return [v]
+    except orjson.JSONDecodeError:
+        pass
+    return [ln.strip() for ln in t.split("\n") if ln.strip()]
+
+
+def _graph_break(text: str) -> dict:
+    """The reason (its headline), the user frame (file:line) and the docs link of a graph break report."""
+    user_frame = None
+    m = _GB_AT.search(text)
+    if m:
+        user_frame = f"{m.group(1)}:{m.group(2)}"
+    lines = text.split("\n")
+    reason = None
+    for i, ln in enumerate(lines):
+        if ln.startswith("Graph Break Reason:"):
+            # the headline is the first non-empty line after "Graph Break Reason: ...:" (torch >= 2.7), else the rest
+            rest = ln[len("Graph Break Reason:"):].strip()
+            nxt = next((x.strip() for x in lines[i + 1:i + 4] if x.strip()), "")
+            reason = nxt if rest.endswith(":") and nxt else rest
+            break
+    if reason is None:
+        reason = next((ln.strip() for ln in lines if ln.strip() and not ln.startswith("Graph break in user code")), None)
+    detail = {}
+    gb = re.search(r"/gb/(gb\d+)\.html", text)
+    if gb:
+        detail["gb_id"] = gb.group(1)
+    expl = re.search(r"^\s*Explanation: (.+)$", text, re.M)
+    if expl:
+        detail["explanation"] = expl.group(1)[:_MAX_VALUE]
+    hint = re.search(r"^\s*Hint: (.+)$", text, re.M)
+    if hint:
+        detail["hint"] = hint.group(1)[:_MAX_VALUE]
+    return {"reason": reason, "user_frame": user_frame, "detail": detail}
+
+
+def _graph_rows(base: dict, text: str, graph: str, graph_no: dict) -> list[dict]:
+    key = (base.get("compile_id"), graph)
+    n = graph_no.get(key, 0)
+    graph_no[key] = n + 1
+    return [{**base, "kind": "graph_op", "op": o["op"], "op_index": i,
+             "detail": {"graph": graph, "graph_no": n, "out": o["out"], "in": o["in"]}}
+            for i, o in enumerate(parse_graph_ops(text))]
+
+
+def _fallbacks(rows: list[dict]) -> None:
+    """Older logs lack the recompile_reasons / dynamo_graph_break_reason artifacts: use compilation_metrics then."""
+    have_recompile = {r["compile_id"] for r in rows if r["kind"] == "recompile"}
+    have_break = {r["compile_id"] for r in rows if r["kind"] == "graph_break"}
+    extra = []
+    for r in rows:
+        if r["kind"] != "compile":
+            continue
+        rr = r.get("_recompile_reason")
+        if rr and r["compile_id"] not in have_recompile:
+            extra.append({**r, "kind": "recompile", "dur": None, "reason": rr, "guard": _guard_text(rr),
+                          "detail": {"from": "compilation_metrics"}})
+        for reason in r.get("_restart_reasons") or []:
+            if r["compile_id"] not in have_break and "graph break" in str(reason).lower():
+                extra.append({**r, "kind": "graph_break", "dur": None, "reason": str(reason).split("\n", 1)[0],
+                              "detail": {"from": "compilation_metrics.restart_reasons"}})
+    for e in extra:
+        e.pop("_recompile_reason", None)
+        e.pop("_restart_reasons", None)
+    rows.extend(extra)
