@@ -39,3 +39,11 @@ def ensure(run: Run, name: str) -> pl.DataFrame:
     df = builder(run)
     run.tables[name] = df
     return df
+
+
+def link_run(run: Run) -> Run:
+    """The eager part of linking: every row gets its step. Cross-rank tables are derived on demand."""
+    from traceql.link.steps import assign_steps
+
+    assign_steps(run)
+    return run

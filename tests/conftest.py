@@ -1,0 +1,31 @@
+"""Shared test fixtures. The reference corpus lives beside the checkout in ../shared/corpus and may be absent."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = Path(os.environ.get("TRACEQL_CORPUS", REPO.parent / "shared" / "corpus"))
+FIXTURES = REPO / "fixtures"
+SAMPLES = REPO / "samples"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Every test gets its own Parquet cache, so no test sees another's cached tables."""
+    monkeypatch.setenv("TRACEQL_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture
+def corpus() -> Path:
+    if not CORPUS.is_dir():
+        pytest.skip(f"reference corpus not present at {CORPUS}")
+    return CORPUS
+
+
+def corpus_path(*parts: str) -> Path:
+    """For parametrize at collection time: the path, whether or not it exists."""
+    return CORPUS.joinpath(*parts)

@@ -1,0 +1,227 @@
+"""Command-line entry points. Only argument handling and output here: the work happens in the packages."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from traceql import __version__
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+
+
+def _fail(msg: str) -> None:
+    click.echo(f"traceql: {msg}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="traceql")
+def main():
+    """traceql: find why a distributed PyTorch run is slow, hangs, or got slower after torch.compile."""
+
+
+def _csv(values: tuple[str, ...]) -> list[str]:
+    return [p for v in values for p in v.split(",") if p.strip()]
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "sarif", "html"]), default="text", show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), help="Write the report to this file instead of stdout.")
+@click.option("--select", multiple=True, help="Rule ids or prefixes to run (TQL1, TQL101); comma-separated or repeated.")
+@click.option("--ignore", multiple=True, help="Rule ids or prefixes to skip.")
+@click.option("--set", "sets", multiple=True, help="Override a threshold: RULE.param=value (e.g. TQL101.min_exposed_ms=5).")
+@click.option("--fail-on", type=click.Choice(["error", "warning", "info", "never"]), default=None, help="Exit 1 when a finding is at or above this severity [default: warning].")
+@click.option("--rules", "rules_dirs", multiple=True, type=click.Path(path_type=Path, exists=True, file_okay=False), help="Rule folder(s) to use instead of the bundled pack.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path, exists=True, dir_okay=False), help="traceql.toml (default: found from the run dir or the current folder upwards).")
+@click.option("--baseline", type=click.Path(path_type=Path, exists=True, dir_okay=False), help="A previous --format json report: report only findings not in it.")
+@click.option("--no-cache", is_flag=True, help="Parse every input again instead of using the Parquet cache.")
+@click.option("--jobs", "-j", type=int, default=None, help="Parallel ingest processes [default: cores].")
+@click.option("--verbose", "-v", is_flag=True, help="List every source and every rule that did not run.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_path, baseline, no_cache, jobs, verbose, quiet):
+    """Analyse RUN_DIR (a run directory or a single file) and report findings.
+
+    Exit status: 0 no finding at or above --fail-on, 1 at least one, 2 nothing could be analysed or bad usage.
+    """
+    from traceql import pipeline
+    from traceql.rules.config import ConfigError, find_config, load_config
+    from traceql.rules.loader import RuleError
+
+    try:
+        config = load_config(config_path or find_config(run_dir if run_dir.exists() else Path.cwd()))
+        suppress = _baseline(baseline) if baseline else None
+        result = pipeline.check(
+            run_dir, select=_csv(select), ignore=_csv(ignore), sets=list(sets), rules_dirs=list(rules_dirs) or None,
+            use_cache=not no_cache, config=config, jobs=jobs, progress=not quiet, suppress=suppress,
+        )
+    except (ConfigError, RuleError, pipeline.NothingToAnalyse) as e:
+        _fail(str(e))
+        return
+    text = _render(result, fmt, color=out is None and sys.stdout.isatty(), verbose=verbose)
+    if out:
+        out.write_text(text, encoding="utf-8")
+    else:
+        click.echo(text, nl=not text.endswith("\n"))
+    analysed = [s for s in result.run.sources if s.status in ("ok", "partial")]
+    if not analysed:
+        click.echo(f"traceql: nothing could be analysed in {run_dir}: no readable input (see the sources listed above)", err=True)
+        sys.exit(EXIT_USAGE)
+    level = fail_on or config.fail_on
+    if level != "never":
+        from traceql.model import SEVERITY_ORDER
+
+        worst = result.worst()
+        if worst is not None and SEVERITY_ORDER[worst] >= SEVERITY_ORDER[level]:
+            sys.exit(EXIT_FINDINGS)
+    sys.exit(EXIT_OK)
+
+
+def _baseline(path: Path) -> set[str]:
+    import orjson
+
+    try:
+        data = orjson.loads(path.read_bytes())
+        return {f["fingerprint"] for f in data.get("findings", []) if "fingerprint" in f}
+    except (OSError, orjson.JSONDecodeError, AttributeError, TypeError) as e:
+        _fail(f"{path}: not a traceql --format json report ({e}); write one with `traceql check RUN --format json --out FILE`")
+        return set()
+
+
+def _render(result, fmt: str, color: bool, verbose: bool) -> str:
+    if fmt == "json":
+        from traceql.report import json as r
+        return r.render(result)
+    if fmt == "sarif":
+        from traceql.report import sarif as r
+        return r.render(result)
+    if fmt == "html":
+        from traceql.report import html as r
+        return r.render(result)
+    from traceql.report import text as r
+    return r.render(result, color=color, verbose=verbose)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--no-cache", is_flag=True)
+@click.option("--quiet", "-q", is_flag=True)
+def summary(run_dir, fmt, no_cache, quiet):
+    """Per-rank step time, compute, communication, overlap and idle time."""
+    import orjson
+
+    from traceql import pipeline
+    from traceql.report.summary import summarize
+
+    try:
+        run = pipeline.load_run(run_dir, use_cache=not no_cache, progress=not quiet)
+    except pipeline.NothingToAnalyse as e:
+        _fail(str(e))
+        return
+    data = summarize(run)
+    if not data["ranks"]:
+        click.echo(f"traceql: no rank could be analysed in {run_dir}", err=True)
+        if fmt == "json":
+            click.echo(orjson.dumps(data).decode())
+        sys.exit(EXIT_USAGE)
+    if fmt == "json":
+        click.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    cols = ["steps", "step_time_ms", "kernel_time_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "comm_comp_overlap_pct", "idle_ms", "kernels"]
+    t = Table("rank", *cols)
+    for rank, row in data["ranks"].items():
+        t.add_row(rank, *["-" if row[c] is None else str(row[c]) for c in cols])
+    Console(width=160).print(t)
+
+
+@main.group()
+def rules():
+    """List, explain and test the rule pack."""
+
+
+@rules.command("list")
+@click.option("--rules", "rules_dirs", multiple=True, type=click.Path(path_type=Path, exists=True, file_okay=False))
+def rules_list(rules_dirs):
+    """Every rule: id, name, severity and summary."""
+    from traceql.rules.loader import RuleError, load_rules
+
+    try:
+        rs = load_rules(list(rules_dirs) or None)
+    except RuleError as e:
+        _fail(str(e))
+    for r in rs:
+        click.echo(f"{r.id}  {r.name:38} {r.severity:8} {r.summary}")
+
+
+@rules.command("explain")
+@click.argument("rule_id")
+@click.option("--rules", "rules_dirs", multiple=True, type=click.Path(path_type=Path, exists=True, file_okay=False))
+def rules_explain(rule_id, rules_dirs):
+    """The docs of one rule: what it finds, why it matters, how to fix it, its thresholds."""
+    from traceql.rules.loader import RuleError, load_rules
+
+    try:
+        rs = load_rules(list(rules_dirs) or None)
+    except RuleError as e:
+        _fail(str(e))
+    r = next((x for x in rs if x.id == rule_id.upper() or x.name == rule_id), None)
+    if r is None:
+        _fail(f"no rule {rule_id!r}; see `traceql rules list`")
+    d = r.docs
+    lines = [f"{r.id} {r.name} ({r.severity})", "", r.summary, "", "## Why it matters", str(d.get("why", "")).strip(), "", "## How to fix it", str(d.get("fix", "")).strip()]
+    if d.get("example"):
+        lines += ["", "## Example", str(d["example"]).strip()]
+    if r.params:
+        lines += ["", "## Thresholds (override with --set " + r.id + ".NAME=VALUE)"]
+        lines += [f"- {k} = {v.get('default')!r}: {v.get('doc', '')}" for k, v in r.params.items()]
+    if r.needs:
+        lines += ["", "## Needs", ", ".join(" + ".join(n) if isinstance(n, list) else n for n in r.needs)]
+    if d.get("references"):
+        lines += ["", "## References"] + [f"- {x}" for x in d["references"]]
+    click.echo("\n".join(lines))
+
+
+@rules.command("test")
+@click.argument("rule_ids", nargs=-1)
+@click.option("--rules", "rules_dirs", multiple=True, type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--root", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None, help="Folder fixture paths are relative to [default: the rule folder's parent].")
+def rules_test(rule_ids, rules_dirs, root):
+    """Run each rule on its fixtures: those that must fire and those that must stay quiet."""
+    from traceql.rules.loader import RuleError, default_rules_dir, load_rules, matches
+    from traceql.rules.testing import test_rules
+
+    try:
+        rs = load_rules(list(rules_dirs) or None)
+    except RuleError as e:
+        _fail(str(e))
+    if rule_ids:
+        rs = [r for r in rs if matches(r.id, list(rule_ids))]
+    base = root or (Path(rules_dirs[0]) if rules_dirs else default_rules_dir()).resolve().parent
+    outcomes = test_rules(rs, base)
+    bad = 0
+    for o in outcomes:
+        bad += not o.ok
+        click.echo(f"{'PASS' if o.ok else 'FAIL'}  {o.rule}  {o.expect:5}  {o.fixture}: {o.detail}")
+    untested = [r.id for r in rs if not (r.fixtures.get("fire") or r.fixtures.get("quiet"))]
+    if untested:
+        click.echo(f"no fixtures: {', '.join(untested)}")
+    click.echo(f"{len(outcomes) - bad} passed, {bad} failed")
+    sys.exit(EXIT_FINDINGS if bad else EXIT_OK)
+
+
+def _register_optional():
+    try:
+        from traceql.capture.cli import capture
+    except ImportError:
+        return
+    main.add_command(capture)
+
+
+_register_optional()

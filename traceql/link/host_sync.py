@@ -1,0 +1,48 @@
+"""Blocking host synchronisation per rank and step, attributed to the host op that caused it.
+
+A runtime call blocks the host when it is a synchronisation (stream/device/event synchronize, context sync) or a
+synchronous copy (cudaMemcpy without Async, DtoH to pageable memory). The causing host op is the innermost host
+op with the call's external id (Kineto), else the innermost op spanning the call on its thread.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from traceql.model import Run
+
+SYNC_CALL = r"^(cuda|cu|hip)(DeviceSynchronize|StreamSynchronize|EventSynchronize|CtxSynchronize|StreamQuery|EventQuery)$"
+SYNC_COPY = r"^(cuda|hip)Memcpy(2D|3D)?$|^cuMemcpy(DtoH|HtoD|DtoD)(_v\d+)?$"
+
+
+def blocking_calls(run: Run) -> pl.DataFrame:
+    rt = run.table("runtime")
+    blocking = rt.filter(
+        ((pl.col("kind") == "sync") & ~pl.col("name").str.contains("Query")) | pl.col("name").str.contains(SYNC_COPY)
+    ).with_columns(pl.col("rank").cast(pl.Int32))
+    ops = run.table("host_ops").filter(pl.col("external_id").is_not_null() & ~pl.col("name").str.starts_with("ProfilerStep#"))
+    # innermost op per external id (the deepest one carrying it)
+    by_ext = (
+        ops.sort("depth", descending=True)
+        .unique(subset=["rank", "source", "external_id"], keep="first")
+        .select("rank", "source", "external_id", pl.col("name").alias("host_op"))
+        .with_columns(pl.col("rank").cast(pl.Int32))
+    )
+    out = blocking.join(by_ext, on=["rank", "source", "external_id"], how="left")
+    return out.select(
+        "rank", "source", "step", "ts", "end", pl.col("name").alias("call"),
+        pl.col("host_op").fill_null("(no host op recorded)"), (pl.col("dur") / 1e6).alias("blocked_ms"),
+    ).sort(["rank", "ts"])
+
+
+def host_syncs(run: Run) -> pl.DataFrame:
+    """Per rank, step, call and causing host op: how many blocking calls and how long the host was blocked."""
+    calls = blocking_calls(run).filter(pl.col("step").is_not_null())
+    return (
+        calls.group_by(["rank", "step", "call", "host_op"])
+        .agg(pl.len().alias("n"), pl.col("blocked_ms").sum().alias("blocked_ms"))
+        .sort(["rank", "step", "blocked_ms"], descending=[False, False, True])
+    )
+
+
+DERIVED = {"blocking_calls": blocking_calls, "host_syncs": host_syncs}

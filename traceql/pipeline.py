@@ -1,0 +1,87 @@
+"""The flow in one place: discover -> ingest -> link -> rules. The CLI and tests call these."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from traceql import link
+from traceql.discover import discover
+from traceql.ingest.loader import ingest
+from traceql.model import Run
+from traceql.report.result import CheckResult
+from traceql.rules import config as cfgmod
+from traceql.rules.engine import run_rules
+from traceql.rules.loader import load_rules
+
+
+class NothingToAnalyse(Exception):
+    pass
+
+
+def load_run(path: Path, use_cache: bool = True, jobs: int | None = None, progress: bool = False) -> Run:
+    path = Path(path)
+    if not path.exists():
+        raise NothingToAnalyse(f"{path}: no such file or directory")
+    sources = discover(path)
+    bar = _progress(sources) if progress else None
+    try:
+        run = ingest(path, sources, use_cache=use_cache, jobs=jobs, progress=bar.advance if bar else None)
+    finally:
+        if bar:
+            bar.close()
+    return link.link_run(run)
+
+
+def check(
+    path: Path,
+    select: list[str] | None = None,
+    ignore: list[str] | None = None,
+    sets: list[str] | None = None,
+    rules_dirs: list[Path] | None = None,
+    use_cache: bool = True,
+    config: cfgmod.Config | None = None,
+    jobs: int | None = None,
+    progress: bool = False,
+    suppress: set[str] | None = None,
+) -> CheckResult:
+    config = config or cfgmod.Config()
+    rules = load_rules(rules_dirs)
+    chosen = cfgmod.choose(rules, (select or []) or config.select, (ignore or []) + config.ignore)
+    overrides = {k: dict(v) for k, v in config.params.items()}
+    for rid, params in cfgmod.parse_set(sets or [], rules).items():
+        overrides.setdefault(rid, {}).update(params)
+    run = load_run(path, use_cache=use_cache, jobs=jobs, progress=progress)
+    results = run_rules(run, chosen, overrides)
+    result = CheckResult(run, results)
+    drop = set(config.suppress) | (suppress or set())
+    if drop:
+        before = len(result.findings)
+        result.findings = [f for f in result.findings if f.fingerprint not in drop]
+        result.suppressed = before - len(result.findings)
+    return result
+
+
+class _Bar:
+    def __init__(self, total: int):
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        self.p = Progress(TextColumn("ingest"), BarColumn(), TextColumn("{task.completed}/{task.total} {task.description}"), transient=True, console=None)
+        from rich.console import Console
+
+        self.p.console = Console(file=sys.stderr)
+        self.task = self.p.add_task("", total=total)
+        self.p.start()
+
+    def advance(self, source):
+        self.p.update(self.task, advance=1, description=source.path.name)
+
+    def close(self):
+        self.p.stop()
+
+
+def _progress(sources):
+    todo = [s for s in sources if s.status in ("ok", "partial")]
+    if len(todo) < 2 or not sys.stderr.isatty():
+        return None
+    return _Bar(len(todo))

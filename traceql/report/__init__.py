@@ -1,0 +1,1 @@
+"""Renderers: one module per output format. Each takes a CheckResult and returns text."""

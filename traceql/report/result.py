@@ -1,0 +1,41 @@
+"""What `traceql check` produced: the run, the rules' outcomes and the findings, ready for any renderer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from traceql import __version__
+from traceql.model import SEVERITY_ORDER, Finding, Run
+from traceql.rules.engine import RuleResult
+
+
+@dataclass
+class CheckResult:
+    run: Run
+    results: list[RuleResult]
+    suppressed: int = 0
+    findings: list[Finding] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.findings:
+            self.findings = [f for r in self.results for f in r.findings]
+        self.findings.sort(key=lambda f: (-SEVERITY_ORDER[f.severity], f.rule, f.ranks, f.step if f.step is not None else -1))
+
+    def worst(self) -> str | None:
+        if not self.findings:
+            return None
+        return max((f.severity for f in self.findings), key=lambda s: SEVERITY_ORDER[s])
+
+    def to_json(self) -> dict:
+        root = self.run.path
+        return {
+            "version": __version__,
+            "run": {"path": str(root), "ranks": self.run.ranks},
+            "sources": [s.to_json(root if root.is_dir() else root.parent) for s in self.run.sources],
+            "rules": [
+                {"id": r.rule.id, "name": r.rule.name, "status": r.status, "reason": r.reason, "findings": len(r.findings)}
+                for r in self.results
+            ],
+            "findings": [f.to_json() for f in self.findings],
+            "notes": self.run.notes,
+        }

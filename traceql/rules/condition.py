@@ -1,0 +1,130 @@
+"""Rule conditions: a small expression grammar compiled to polars expressions. Nothing is evaluated by Python.
+
+Grammar (a subset of Python's expression syntax, parsed with `ast` and checked node by node):
+names (output columns or params), numbers, 'strings', True/False/None, and/or/not, comparisons (== != < <= > >=,
+chained), `x is null` / `x is not null` (also `is None`), + - * / and unary minus, abs(x), min(a, b), max(a, b),
+len(x) for list columns, `x in ['a', 'b']`.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import polars as pl
+
+
+class ConditionError(ValueError):
+    pass
+
+
+_NULL_WORD = re.compile(r"\bis\s+(not\s+)?null\b")
+
+
+def compile_condition(text: str, params: dict[str, object], columns: list[str]) -> pl.Expr:
+    src = _NULL_WORD.sub(lambda m: "is not None" if m.group(1) else "is None", str(text))
+    try:
+        tree = ast.parse(src, mode="eval")
+    except SyntaxError as e:
+        raise ConditionError(f"cannot parse condition {text!r}: {e.msg} at column {e.offset}") from None
+    return _Compiler(params, columns, text).visit(tree.body)
+
+
+class _Compiler:
+    def __init__(self, params, columns, text):
+        self.params = params
+        self.columns = set(columns)
+        self.text = text
+
+    def fail(self, what: str):
+        raise ConditionError(f"condition {self.text!r}: {what}")
+
+    def visit(self, node) -> pl.Expr:
+        meth = getattr(self, "v_" + type(node).__name__, None)
+        if meth is None:
+            self.fail(f"{type(node).__name__} is not allowed (only comparisons, arithmetic, and/or/not, names)")
+        return meth(node)
+
+    def v_BoolOp(self, node):
+        parts = [self.visit(v) for v in node.values]
+        out = parts[0]
+        for p in parts[1:]:
+            out = (out & p) if isinstance(node.op, ast.And) else (out | p)
+        return out
+
+    def v_UnaryOp(self, node):
+        v = self.visit(node.operand)
+        if isinstance(node.op, ast.Not):
+            return ~v
+        if isinstance(node.op, ast.USub):
+            return -v
+        if isinstance(node.op, ast.UAdd):
+            return v
+        self.fail("unsupported unary operator")
+
+    def v_BinOp(self, node):
+        a, b = self.visit(node.left), self.visit(node.right)
+        ops = {ast.Add: a.__add__, ast.Sub: a.__sub__, ast.Mult: a.__mul__, ast.Div: a.__truediv__}
+        fn = ops.get(type(node.op))
+        if fn is None:
+            self.fail("only + - * / are allowed")
+        return fn(b)
+
+    def v_Compare(self, node):
+        out = None
+        left = node.left
+        for op, right in zip(node.ops, node.comparators):
+            if isinstance(op, (ast.Is, ast.IsNot)):
+                if not (isinstance(right, ast.Constant) and right.value is None):
+                    self.fail("`is` only compares with null")
+                e = self.visit(left)
+                part = e.is_null() if isinstance(op, ast.Is) else e.is_not_null()
+            elif isinstance(op, (ast.In, ast.NotIn)):
+                if not isinstance(right, (ast.List, ast.Tuple)):
+                    self.fail("`in` needs a literal list")
+                vals = [self._literal(v) for v in right.elts]
+                part = self.visit(left).is_in(vals)
+                if isinstance(op, ast.NotIn):
+                    part = ~part
+            else:
+                a, b = self.visit(left), self.visit(right)
+                table = {ast.Eq: "__eq__", ast.NotEq: "__ne__", ast.Lt: "__lt__", ast.LtE: "__le__", ast.Gt: "__gt__", ast.GtE: "__ge__"}
+                part = getattr(a, table[type(op)])(b)
+            out = part if out is None else (out & part)
+            left = right
+        return out
+
+    def _literal(self, node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str, bool)):
+            return node.value
+        self.fail("lists may hold only literals")
+
+    def v_Constant(self, node):
+        if node.value is None:
+            return pl.lit(None)
+        if isinstance(node.value, (int, float, str, bool)):
+            return pl.lit(node.value)
+        self.fail(f"literal {node.value!r} is not allowed")
+
+    def v_Name(self, node):
+        name = node.id
+        if name in self.params:
+            return pl.lit(self.params[name])
+        if name in self.columns:
+            return pl.col(name)
+        if name in ("true", "false"):
+            return pl.lit(name == "true")
+        self.fail(f"unknown name {name!r}; columns: {sorted(self.columns)}; params: {sorted(self.params)}")
+
+    def v_Call(self, node):
+        if not isinstance(node.func, ast.Name) or node.keywords:
+            self.fail("only abs(), min(), max(), len() calls are allowed")
+        args = [self.visit(a) for a in node.args]
+        fn = node.func.id
+        if fn == "abs" and len(args) == 1:
+            return args[0].abs()
+        if fn == "len" and len(args) == 1:
+            return args[0].list.len()
+        if fn in ("min", "max") and len(args) == 2:
+            return pl.min_horizontal(args) if fn == "min" else pl.max_horizontal(args)
+        self.fail(f"{fn}() is not allowed or has the wrong number of arguments")

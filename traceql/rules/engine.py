@@ -1,0 +1,266 @@
+"""Evaluate rules over a Run: selection -> measure -> condition -> findings."""
+
+from __future__ import annotations
+
+import math
+import string
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from traceql import link
+from traceql.model import Finding, Run
+from traceql.rules import measures
+from traceql.rules.condition import ConditionError, compile_condition
+from traceql.rules.loader import Rule
+
+
+class RuleRunError(RuntimeError):
+    pass
+
+
+@dataclass
+class RuleResult:
+    rule: Rule
+    status: str  # ran | skipped | error
+    reason: str = ""
+    findings: list[Finding] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- selection
+
+
+def _filter_expr(col: str, cond, schema) -> pl.Expr:
+    if col not in schema:
+        raise RuleRunError(f"unable to find column {col!r}; valid columns: {list(schema)}")
+    c = pl.col(col)
+    if isinstance(cond, dict):
+        out = pl.lit(True)
+        for op, v in cond.items():
+            e = {
+                "eq": lambda: c == v,
+                "ne": lambda: c != v,
+                "lt": lambda: c < v,
+                "le": lambda: c <= v,
+                "gt": lambda: c > v,
+                "ge": lambda: c >= v,
+                "in": lambda: c.is_in(list(v)),
+                "not_in": lambda: ~c.is_in(list(v)),
+                "regex": lambda: c.str.contains(str(v)),
+                "not_regex": lambda: ~c.str.contains(str(v)).fill_null(False),
+                "is_null": lambda: c.is_null() if v else c.is_not_null(),
+                "not_null": lambda: c.is_not_null() if v else c.is_null(),
+            }[op]()
+            out = out & e
+        return out
+    if isinstance(cond, list):
+        return c.is_in(cond)
+    if cond is None:
+        return c.is_null()
+    return c == cond
+
+
+def select(run: Run, table: str, where: dict | None) -> pl.DataFrame:
+    df = link.ensure(run, table)
+    if where:
+        expr = pl.lit(True)
+        for col, cond in where.items():
+            expr = expr & _filter_expr(col, cond, df.schema)
+        df = df.filter(expr.fill_null(False))
+    return df
+
+
+def _measure(run: Run, rule: Rule) -> pl.DataFrame:
+    s = rule.select
+    m = s["measure"]
+    per = list(s.get("per") or ["rank"])
+    df = select(run, s["table"], s.get("where"))
+    if m == "rows":
+        return df
+    if m == "count":
+        return measures.count(df, per)
+    if m == "sum":
+        return measures.total(df, per, s.get("column", "dur"))
+    if m == "union":
+        return measures.union(df, per)
+    if m in ("overlap", "exposed"):
+        ag = s["against"]
+        other = select(run, ag["table"], ag.get("where"))
+        return measures.coverage(df, other, per)
+    if m == "gaps":
+        out = measures.gaps(df, per)
+        return _host_context(run, out)
+    if m == "spread":
+        return measures.spread(df, s["column"], s.get("agg", "median"), float(s.get("scale", 1.0)))
+    if m == "distinct":
+        return measures.distinct(df, list(s["key"]), s["value"])
+    raise RuleRunError(f"measure {m!r} unknown")
+
+
+def _host_context(run: Run, gaps: pl.DataFrame) -> pl.DataFrame:
+    """What the host was doing in the middle of each gap: a runtime call spanning it, else the innermost host op.
+
+    Per (rank, thread): an as-of join finds the op that started last before the gap's midpoint; if it ended
+    before the midpoint, its ancestors (parent ids) are the only ops on that thread that can span it.
+    """
+    none = gaps.with_columns(pl.lit(None, pl.Utf8).alias("host_op"))
+    if gaps.height == 0 or "rank" not in gaps.columns:
+        return none
+    g = gaps.with_row_index("_gid").with_columns(((pl.col("gap_ts") + pl.col("gap_end")) // 2).alias("_mid"), pl.col("rank").cast(pl.Int32))
+    picks = []
+    for table, depth in (("runtime", 1000), ("host_ops", None)):
+        t = run.table(table).filter(~pl.col("name").str.starts_with("ProfilerStep#")).with_columns(pl.col("rank").cast(pl.Int32))
+        if t.height == 0:
+            continue
+        gt = g.select("_gid", "rank", "_mid").join(t.select("rank", "tid").unique(), on="rank").sort("_mid")
+        j = gt.join_asof(t.select("rank", "tid", "ts", "id").sort("ts"), left_on="_mid", right_on="ts", by=["rank", "tid"], strategy="backward")
+        j = j.filter(pl.col("id").is_not_null()).select("_gid", "rank", "tid", "_mid", "id")
+        info = t.select("rank", "id", "ts", "end", "name", "parent" if "parent" in t.columns else pl.lit(None, pl.Int64).alias("parent"), "depth" if depth is None else pl.lit(depth, pl.Int32).alias("depth")).unique(["rank", "id"])
+        hits = []
+        for _ in range(16 if depth is None else 1):
+            j = j.join(info, on=["rank", "id"], how="inner")
+            span = (pl.col("ts") <= pl.col("_mid")) & (pl.col("end") >= pl.col("_mid"))
+            hits.append(j.filter(span).select("_gid", "name", "depth"))
+            j = j.filter(~span & pl.col("parent").is_not_null()).select("_gid", "rank", "tid", "_mid", pl.col("parent").alias("id"))
+            if j.height == 0:
+                break
+        picks.extend(hits)
+    if not picks:
+        return none
+    allp = pl.concat([p.with_columns(pl.col("depth").cast(pl.Int32)) for p in picks])
+    best = allp.sort(["_gid", "depth"], descending=[False, True]).group_by("_gid").first().select("_gid", pl.col("name").alias("host_op"))
+    return g.join(best, on="_gid", how="left").drop("_gid", "_mid")
+
+
+def _sql(run: Run, rule: Rule) -> pl.DataFrame:
+    query = rule.sql
+    names = [n for n in set(run.tables) | set(link.derived_tables()) if n in query]
+    frames = {n: link.ensure(run, n) for n in names}
+    if rule.cross_rank:
+        ctx = pl.SQLContext(frames=frames, eager=True)
+        return ctx.execute(query, eager=True)
+    ranks = sorted({r for df in frames.values() if "rank" in df.columns for r in df["rank"].drop_nulls().unique().to_list()})
+    outs = []
+    for r in ranks:
+        part = {n: (df.filter(pl.col("rank") == r) if "rank" in df.columns else df) for n, df in frames.items()}
+        ctx = pl.SQLContext(frames=part, eager=True)
+        res = ctx.execute(query, eager=True)
+        if res.height:
+            if "rank" not in res.columns:
+                res = res.with_columns(pl.lit(r, pl.Int32).alias("rank"))
+            outs.append(res)
+    return pl.concat(outs, how="diagonal_relaxed") if outs else pl.DataFrame()
+
+
+# ---------------------------------------------------------------- findings
+
+
+class _SafeFormatter(string.Formatter):
+    """str.format without attribute or index access, and tolerant of missing or null values."""
+
+    def get_field(self, field_name, args, kwargs):
+        if "." in field_name or "[" in field_name:
+            raise ValueError(f"field {field_name!r}: attribute and index access are not allowed in messages")
+        return kwargs.get(field_name), field_name
+
+    def format_field(self, value, format_spec):
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "?"
+        if isinstance(value, list):
+            value = ", ".join(str(v) for v in value)
+        try:
+            return format(value, format_spec)
+        except (ValueError, TypeError):
+            return str(value)
+
+
+_FMT = _SafeFormatter()
+
+
+def _jsonable(v):
+    if isinstance(v, float):
+        return None if math.isnan(v) or math.isinf(v) else round(v, 4)
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    return v
+
+
+def _collapse(df: pl.DataFrame, keys: list[str], rule: Rule) -> pl.DataFrame:
+    aggs = [pl.len().alias("n_rows")]
+    for c in df.columns:
+        if c in keys:
+            continue
+        dt = df.schema[c]
+        if c == rule.step_column:
+            aggs.append(pl.col(c).drop_nulls().unique().sort().alias("steps"))
+            aggs.append(pl.col(c).min().alias(c))
+        elif dt.is_numeric():
+            aggs.append(pl.col(c).median().alias(c))
+            aggs.append(pl.col(c).max().alias(f"{c}_max"))
+            aggs.append(pl.col(c).sum().alias(f"{c}_total"))
+        else:
+            aggs.append(pl.col(c).first().alias(c))
+    return df.group_by(keys, maintain_order=True).agg(aggs)
+
+
+def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
+    values = {**rule.defaults(), **(params or {})}
+    # needs: any one of the need sets must be fully present
+    missing_sets = []
+    for need in rule.need_sets():
+        missing = [t for t in need if link.ensure(run, t).height == 0]
+        if not missing:
+            missing_sets = []
+            break
+        missing_sets.append(missing)
+    if missing_sets:
+        miss = " or ".join("+".join(m) for m in missing_sets)
+        return RuleResult(rule, "skipped", f"needs {miss}: no source in this run provides it")
+    try:
+        out = _measure(run, rule) if rule.select is not None else _sql(run, rule)
+        if out.height and rule.condition:
+            out = out.filter(compile_condition(rule.condition, values, out.columns).fill_null(False))
+        if out.height and rule.collapse:
+            out = _collapse(out, rule.collapse, rule)
+    except (ConditionError, RuleRunError, pl.exceptions.PolarsError) as e:
+        return RuleResult(rule, "error", f"{rule.path.name}: {type(e).__name__}: {str(e).splitlines()[0]}")
+    findings = []
+    for row in out.iter_rows(named=True):
+        ctx = {**values, **row}
+        try:
+            msg = _FMT.format(rule.message, **ctx)
+        except (ValueError, KeyError) as e:
+            return RuleResult(rule, "error", f"{rule.path.name}: field 'message': {e}")
+        ranks = row.get(rule.ranks_column)
+        if ranks is None:
+            ranks = []
+        elif not isinstance(ranks, list):
+            ranks = [ranks]
+        ranks = sorted({int(r) for r in ranks if r is not None})
+        step = row.get(rule.step_column)
+        evidence = {k: _jsonable(row.get(k)) for k in rule.evidence if k in row}
+        for k in ("steps", "n_rows"):
+            if k in row:
+                evidence[k] = _jsonable(row[k])
+        loc = {k: _jsonable(row.get(k)) for k in rule.location if k in row}
+        findings.append(
+            Finding(
+                rule=rule.id,
+                name=rule.name,
+                severity=rule.severity,
+                message=msg,
+                ranks=ranks,
+                step=int(step) if isinstance(step, (int, float)) and not (isinstance(step, float) and math.isnan(step)) else None,
+                evidence=evidence,
+                sources=run.source_paths(ranks or None),
+                location=loc,
+            )
+        )
+    return RuleResult(rule, "ran", findings=findings)
+
+
+def run_rules(run: Run, rules: list[Rule], overrides: dict[str, dict] | None = None) -> list[RuleResult]:
+    overrides = overrides or {}
+    return [evaluate(run, r, overrides.get(r.id)) for r in rules]

@@ -1,0 +1,196 @@
+"""Load and validate rule files. Rule files are untrusted data: safe-loaded, checked field by field."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from traceql.model import SEVERITIES
+
+ID_RE = re.compile(r"^TQL[1-9]\d\d$")
+NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+MEASURES = ("rows", "count", "sum", "union", "overlap", "exposed", "gaps", "spread", "distinct")
+FILTER_OPS = ("eq", "ne", "lt", "le", "gt", "ge", "in", "not_in", "regex", "not_regex", "is_null", "not_null")
+_TOP_FIELDS = {
+    "id", "name", "severity", "summary", "needs", "params", "select", "sql", "cross_rank", "condition", "message",
+    "evidence", "ranks_column", "step_column", "location", "collapse", "docs", "fixtures", "tags", "formats",
+}
+_SELECT_FIELDS = {"measure", "table", "where", "against", "per", "column", "agg", "scale", "key", "value", "within_steps"}
+
+
+class RuleError(ValueError):
+    """A rule file is invalid. The message names the file and the field."""
+
+
+@dataclass
+class Rule:
+    id: str
+    name: str
+    severity: str
+    summary: str
+    message: str
+    path: Path
+    needs: list = field(default_factory=list)
+    params: dict = field(default_factory=dict)  # name -> {"default": v, "doc": str}
+    select: dict | None = None
+    sql: str | None = None
+    cross_rank: bool = False
+    condition: str | None = None
+    evidence: list[str] = field(default_factory=list)
+    ranks_column: str = "rank"
+    step_column: str = "step"
+    location: list[str] = field(default_factory=list)
+    collapse: list[str] = field(default_factory=list)
+    docs: dict = field(default_factory=dict)
+    fixtures: dict = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
+
+    def defaults(self) -> dict:
+        return {k: v.get("default") for k, v in self.params.items()}
+
+    def need_sets(self) -> list[list[str]]:
+        if not self.needs:
+            return [[]]
+        if all(isinstance(n, list) for n in self.needs):
+            return self.needs
+        return [self.needs]
+
+
+def _err(path: Path, fld: str, msg: str) -> RuleError:
+    return RuleError(f"{path}: field '{fld}': {msg}")
+
+
+def _check_where(path: Path, fld: str, where) -> None:
+    if where is None:
+        return
+    if not isinstance(where, dict):
+        raise _err(path, fld, "must be a mapping of column -> value, list or {op: value}")
+    for col, cond in where.items():
+        if isinstance(cond, dict):
+            for op in cond:
+                if op not in FILTER_OPS:
+                    raise _err(path, f"{fld}.{col}", f"unknown operator {op!r}; valid: {', '.join(FILTER_OPS)}")
+
+
+def parse_rule(data, path: Path) -> Rule:
+    if not isinstance(data, dict):
+        raise RuleError(f"{path}: a rule file must hold one mapping (id, name, severity, ...), got {type(data).__name__}")
+    unknown = set(data) - _TOP_FIELDS
+    if unknown:
+        raise _err(path, sorted(unknown)[0], f"unknown field; valid fields: {', '.join(sorted(_TOP_FIELDS))}")
+    for req in ("id", "name", "severity", "summary", "message", "docs"):
+        if req not in data:
+            raise _err(path, req, "is required")
+    rid, name, sev = data["id"], data["name"], data["severity"]
+    if not isinstance(rid, str) or not ID_RE.match(rid):
+        raise _err(path, "id", f"{rid!r} is not of the form TQL<area digit><two digits>, e.g. TQL101")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise _err(path, "name", f"{name!r} is not kebab-case")
+    if sev not in SEVERITIES:
+        raise _err(path, "severity", f"{sev!r} is not one of {', '.join(SEVERITIES)}")
+    if ("select" in data) == ("sql" in data):
+        raise _err(path, "select", "a rule needs exactly one of 'select' (vocabulary) or 'sql'")
+    docs = data["docs"]
+    if not isinstance(docs, dict) or not docs.get("why") or not docs.get("fix"):
+        raise _err(path, "docs", "needs 'why' and 'fix' (and preferably 'references')")
+    params = data.get("params") or {}
+    if not isinstance(params, dict):
+        raise _err(path, "params", "must be a mapping of name -> {default, doc}")
+    norm_params = {}
+    for k, v in params.items():
+        if not isinstance(v, dict) or "default" not in v:
+            raise _err(path, f"params.{k}", "must be a mapping with 'default' (and 'doc')")
+        norm_params[k] = v
+    sel = data.get("select")
+    if sel is not None:
+        if not isinstance(sel, dict):
+            raise _err(path, "select", "must be a mapping")
+        bad = set(sel) - _SELECT_FIELDS
+        if bad:
+            raise _err(path, f"select.{sorted(bad)[0]}", f"unknown field; valid: {', '.join(sorted(_SELECT_FIELDS))}")
+        if sel.get("measure") not in MEASURES:
+            raise _err(path, "select.measure", f"{sel.get('measure')!r} is not one of {', '.join(MEASURES)}")
+        if not isinstance(sel.get("table"), str):
+            raise _err(path, "select.table", "is required (a canonical or derived table name)")
+        _check_where(path, "select.where", sel.get("where"))
+        if sel["measure"] in ("overlap", "exposed"):
+            ag = sel.get("against")
+            if not isinstance(ag, dict) or "table" not in ag:
+                raise _err(path, "select.against", f"measure {sel['measure']} needs against: {{table, where}}")
+            _check_where(path, "select.against.where", ag.get("where"))
+        if sel["measure"] == "distinct" and (not sel.get("key") or not sel.get("value")):
+            raise _err(path, "select.key", "measure distinct needs key: [columns] and value: column")
+        if sel["measure"] == "spread" and not sel.get("column"):
+            raise _err(path, "select.column", "measure spread needs column")
+    if "sql" in data and not isinstance(data["sql"], str):
+        raise _err(path, "sql", "must be a string holding one SELECT")
+    for listf in ("evidence", "location", "collapse", "needs", "tags"):
+        v = data.get(listf)
+        if v is not None and not isinstance(v, list):
+            raise _err(path, listf, "must be a list")
+    fixtures = data.get("fixtures") or {}
+    if not isinstance(fixtures, dict):
+        raise _err(path, "fixtures", "must be a mapping with 'fire' and 'quiet' lists")
+    return Rule(
+        id=rid,
+        name=name,
+        severity=sev,
+        summary=str(data["summary"]),
+        message=str(data["message"]),
+        path=path,
+        needs=data.get("needs") or [],
+        params=norm_params,
+        select=sel,
+        sql=data.get("sql"),
+        cross_rank=bool(data.get("cross_rank", False)),
+        condition=data.get("condition"),
+        evidence=data.get("evidence") or [],
+        ranks_column=data.get("ranks_column", "rank"),
+        step_column=data.get("step_column", "step"),
+        location=data.get("location") or [],
+        collapse=data.get("collapse") or [],
+        docs=docs,
+        fixtures=fixtures,
+        tags=data.get("tags") or [],
+    )
+
+
+def load_rule(path: Path) -> Rule:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise RuleError(f"{path}: cannot read rule file: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise RuleError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    return parse_rule(data, path)
+
+
+def default_rules_dir() -> Path:
+    """rules/ beside the package (a source checkout or an editable install), else the copy shipped in the package."""
+    here = Path(__file__).resolve().parents[2] / "rules"
+    if here.is_dir():
+        return here
+    return Path(__file__).resolve().parents[1] / "rule_pack"
+
+
+def load_rules(dirs: list[Path] | None = None) -> list[Rule]:
+    rules: dict[str, Rule] = {}
+    for d in dirs or [default_rules_dir()]:
+        for p in sorted(Path(d).glob("*.y*ml")):
+            r = load_rule(p)
+            if r.id in rules:
+                raise RuleError(f"{p}: field 'id': {r.id} is already used by {rules[r.id].path}")
+            rules[r.id] = r
+    return sorted(rules.values(), key=lambda r: r.id)
+
+
+def matches(rule_id: str, patterns: list[str]) -> bool:
+    """--select/--ignore: a pattern is an id or an id prefix (TQL1, TQL10), or a rule name."""
+    return any(rule_id.startswith(p.strip().upper()) for p in patterns if p.strip())

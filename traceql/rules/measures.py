@@ -1,0 +1,151 @@
+"""Built-in measures of the rule vocabulary. Interval work is done here, once, by sort-and-sweep.
+
+Every function takes frames already filtered by the rule's selection and returns one frame of output columns
+(documented in rules/README.md). Times stay int64 ns inside; output durations are float milliseconds (`*_ms`).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+NS_PER_MS = 1e6
+
+
+def _keys(per: list[str]) -> list[str]:
+    return list(per) if per else ["rank"]
+
+
+def _clean(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
+    """Drop rows without an interval or without a value in a grouping key (a kernel outside every step)."""
+    cond = pl.col("ts").is_not_null() & pl.col("end").is_not_null() & (pl.col("end") >= pl.col("ts"))
+    for k in per:
+        cond = cond & pl.col(k).is_not_null()
+    return df.filter(cond)
+
+
+def coverage(sel: pl.DataFrame, against: pl.DataFrame | None, per: list[str]) -> pl.DataFrame:
+    """Union of `sel`, union of `against` and the length of their intersection, per group, in one sweep.
+
+    Every interval contributes +1 at its start and -1 at its end to its set's counter; between consecutive
+    boundaries a set covers the span when its counter is positive. Cost: one sort of 2(n+m) boundaries.
+    """
+    per = _keys(per)
+    sel = _clean(sel, per)
+    parts = [
+        sel.select(*per, pl.col("ts").alias("t"), pl.lit(1).alias("da"), pl.lit(0).alias("db")),
+        sel.select(*per, pl.col("end").alias("t"), pl.lit(-1).alias("da"), pl.lit(0).alias("db")),
+    ]
+    if against is not None:
+        against = _clean(against, per)
+        # cast keys to the selection's dtypes so the two sides concatenate
+        against = against.with_columns([pl.col(k).cast(sel.schema[k]) for k in per])
+        parts += [
+            against.select(*per, pl.col("ts").alias("t"), pl.lit(0).alias("da"), pl.lit(1).alias("db")),
+            against.select(*per, pl.col("end").alias("t"), pl.lit(0).alias("da"), pl.lit(-1).alias("db")),
+        ]
+    ev = pl.concat(parts, how="vertical").with_columns(pl.col("da", "db").cast(pl.Int32))
+    # at equal times apply ends before starts so touching intervals do not count as overlapping
+    ev = ev.sort([*per, "t", "da", "db"])
+    ev = ev.with_columns(
+        pl.col("da").cum_sum().over(per).alias("ca"),
+        pl.col("db").cum_sum().over(per).alias("cb"),
+        (pl.col("t").shift(-1).over(per) - pl.col("t")).fill_null(0).alias("span"),
+    )
+    out = ev.group_by(per).agg(
+        (pl.col("span").filter(pl.col("ca") > 0).sum() / NS_PER_MS).alias("sel_ms"),
+        (pl.col("span").filter(pl.col("cb") > 0).sum() / NS_PER_MS).alias("against_ms"),
+        (pl.col("span").filter((pl.col("ca") > 0) & (pl.col("cb") > 0)).sum() / NS_PER_MS).alias("overlap_ms"),
+    )
+    # groups that have selected intervals only
+    have = sel.group_by(per).agg(pl.len().alias("n"))
+    out = have.join(out, on=per, how="left").with_columns(pl.col("sel_ms", "against_ms", "overlap_ms").fill_null(0.0))
+    return out.with_columns(
+        (pl.col("sel_ms") - pl.col("overlap_ms")).clip(lower_bound=0.0).alias("exposed_ms"),
+        pl.when(pl.col("sel_ms") > 0).then(pl.col("overlap_ms") / pl.col("sel_ms") * 100.0).otherwise(None).alias("overlap_pct"),
+    ).sort(per)
+
+
+def union(sel: pl.DataFrame, per: list[str]) -> pl.DataFrame:
+    cov = coverage(sel, None, per)
+    return cov.select(*_keys(per), pl.col("sel_ms").alias("union_ms"), "n")
+
+
+def segments(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
+    """Merge intervals into disjoint busy segments per group: seg_ts, seg_end, first_name, last_name, n."""
+    per = _keys(per)
+    df = _clean(df, per).sort([*per, "ts"])
+    has_name = "name" in df.columns
+    df = df.with_columns(pl.col("end").cum_max().over(per).shift(1).over(per).alias("_prev_max"))
+    df = df.with_columns((pl.col("_prev_max").is_null() | (pl.col("ts") > pl.col("_prev_max"))).cast(pl.Int32).alias("_new"))
+    df = df.with_columns(pl.col("_new").cum_sum().over(per).alias("_seg"))
+    aggs = [pl.col("ts").min().alias("seg_ts"), pl.col("end").max().alias("seg_end"), pl.len().alias("n")]
+    if has_name:
+        aggs += [pl.col("name").first().alias("first_name"), pl.col("name").sort_by("end").last().alias("last_name")]
+    return df.group_by([*per, "_seg"]).agg(aggs).sort([*per, "seg_ts"])
+
+
+def gaps(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
+    """Idle gaps between consecutive busy segments of the selection, per group."""
+    per = _keys(per)
+    seg = segments(df, per)
+    if seg.height == 0:
+        return pl.DataFrame(schema={**{k: df.schema.get(k, pl.Int64) for k in per}, "gap_ts": pl.Int64, "gap_end": pl.Int64, "gap_ms": pl.Float64, "prev_name": pl.Utf8, "next_name": pl.Utf8})
+    has_name = "first_name" in seg.columns
+    seg = seg.with_columns(
+        pl.col("seg_ts").shift(-1).over(per).alias("gap_end"),
+        (pl.col("first_name").shift(-1).over(per) if has_name else pl.lit(None, pl.Utf8)).alias("next_name"),
+    )
+    out = seg.filter(pl.col("gap_end").is_not_null()).select(
+        *per,
+        pl.col("seg_end").alias("gap_ts"),
+        "gap_end",
+        ((pl.col("gap_end") - pl.col("seg_end")) / NS_PER_MS).alias("gap_ms"),
+        (pl.col("last_name") if has_name else pl.lit(None, pl.Utf8)).alias("prev_name"),
+        "next_name",
+    )
+    return out.filter(pl.col("gap_ms") > 0)
+
+
+def count(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
+    per = _keys(per)
+    return df.filter(pl.all_horizontal([pl.col(k).is_not_null() for k in per])).group_by(per).agg(pl.len().alias("n")).sort(per)
+
+
+def total(df: pl.DataFrame, per: list[str], column: str = "dur") -> pl.DataFrame:
+    per = _keys(per)
+    name = f"{column}_ms" if column == "dur" else f"{column}_sum"
+    expr = pl.col(column).sum() / NS_PER_MS if column == "dur" else pl.col(column).sum()
+    return df.group_by(per).agg(expr.alias(name), pl.len().alias("n")).sort(per)
+
+
+_AGG = {"median": lambda c: pl.col(c).median(), "mean": lambda c: pl.col(c).mean(), "sum": lambda c: pl.col(c).sum(), "max": lambda c: pl.col(c).max(), "min": lambda c: pl.col(c).min()}
+
+
+def spread(df: pl.DataFrame, column: str, agg: str = "median", scale: float = 1.0) -> pl.DataFrame:
+    """A per-rank value compared with the median across ranks."""
+    if agg not in _AGG:
+        raise ValueError(f"agg {agg!r} unknown; valid: {sorted(_AGG)}")
+    per_rank = df.filter(pl.col("rank").is_not_null()).group_by("rank").agg((_AGG[agg](column) * scale).alias("value"), pl.len().alias("n"))
+    if per_rank.height == 0:
+        return per_rank.with_columns(pl.lit(None, pl.Float64).alias("across_median"), pl.lit(None, pl.Float64).alias("ratio"), pl.lit(0).alias("n_ranks"))
+    med = per_rank["value"].median()
+    return per_rank.with_columns(
+        pl.lit(med, pl.Float64).alias("across_median"),
+        (pl.col("value") / med if med else pl.lit(None, pl.Float64)).alias("ratio"),
+        pl.lit(per_rank.height).alias("n_ranks"),
+        pl.lit(per_rank["value"].min(), pl.Float64).alias("across_min"),
+    ).sort("rank")
+
+
+def distinct(df: pl.DataFrame, key: list[str], value: str) -> pl.DataFrame:
+    """Across ranks: for each key, the value most ranks have, and one row per rank that has another."""
+    d = df.filter(pl.col("rank").is_not_null()).select(*key, "rank", pl.col(value).cast(pl.Utf8).alias("value")).unique()
+    votes = d.group_by([*key, "value"]).agg(pl.col("rank").sort().alias("vranks"), pl.len().alias("votes"))
+    # majority: most ranks, ties broken by the lowest rank holding the value (stable, explainable)
+    votes = votes.with_columns(pl.col("vranks").list.first().alias("_first"))
+    maj = votes.sort(["votes", "_first"], descending=[True, False]).group_by(key, maintain_order=True).first()
+    maj = maj.select(*key, pl.col("value").alias("majority"), pl.col("vranks").alias("majority_ranks"))
+    n = d.group_by(key).agg(pl.col("rank").n_unique().alias("n_ranks"), pl.col("value").n_unique().alias("n_values"))
+    odd = d.join(maj, on=key).join(n, on=key).filter(pl.col("value") != pl.col("majority"))
+    odd_ranks = odd.group_by(key).agg(pl.col("rank").sort().alias("odd_ranks"))
+    return odd.join(odd_ranks, on=key).sort([*key, "rank"])
