@@ -103,6 +103,7 @@ SCHEMAS: dict[str, dict[str, pl.DataType]] = {
         "kernel_ts": I64,  # first kernel carrying it (null for host-only backends such as gloo)
         "kernel_end": I64,
         "step": I64,
+        "state": STR,  # Flight Recorder: scheduled, started, completed (null where the source has no state)
     },
     # Training steps per rank. origin: profiler_step, nvtx, marker.
     "steps": {
