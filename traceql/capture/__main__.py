@@ -1,0 +1,3 @@
+from traceql.capture.cli import main
+
+main()

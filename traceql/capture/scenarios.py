@@ -1,0 +1,132 @@
+"""The capture scenarios: what each one plants and which findings its run must produce. No torch here.
+
+The workloads themselves live in worker.py (imported only inside the rank processes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str
+    # Rule ids the run must produce, with the ranks: "all", "last" (the planted odd rank is the last one).
+    expected: tuple[tuple[str, str], ...] = ()
+    compiled: bool = False
+    default_ranks: int = 2
+    min_ranks: int = 1
+    # Compile debug output (TORCH_COMPILE_DEBUG) is kept only where it stays small.
+    compile_debug: bool = False
+    # Steps run before the profiler's schedule starts (compile warm-up, a storm's early shapes).
+    warm_steps: int = 0
+    # Rules whose evidence exists only on GPUs (kernel names): left out of `expected` on CPU.
+    cuda_only: tuple[str, ...] = ()
+    # The run is meant to end in an error (the desync's collective timeout).
+    fails: bool = False
+    notes: str = ""
+
+    def expected_for(self, ranks: int, backend: str) -> list[dict]:
+        out = []
+        for rule, who in self.expected:
+            if backend != "cuda" and rule in self.cuda_only:
+                continue
+            out.append({"rule": rule, "ranks": list(range(ranks)) if who == "all" else [ranks - 1]})
+        return out
+
+    @property
+    def clean(self) -> bool:
+        return not self.expected
+
+
+_LIST = [
+    Scenario(
+        "ddp-eager",
+        "Clean baseline: DDP training loop in eager mode (twin of ddp-compiled: same model and batch).",
+    ),
+    Scenario(
+        "ddp-compiled",
+        "Clean baseline: the same DDP loop under torch.compile.",
+        compiled=True,
+        compile_debug=True,
+        warm_steps=1,
+    ),
+    Scenario(
+        "exposed-allreduce",
+        "Gradients flattened and all-reduced in one call after the whole backward: nothing hides the communication.",
+        expected=(("TQL101", "all"),),
+    ),
+    Scenario(
+        "recompile-storm",
+        "torch.compile(dynamic=False) fed a new batch size every step: one recompile per step.",
+        expected=(("TQL401", "all"),),
+        compiled=True,
+        default_ranks=1,
+        warm_steps=3,
+    ),
+    Scenario(
+        "graph-break-hot-loop",
+        "torch._dynamo.graph_break() inside the compiled model's forward, hit every step.",
+        expected=(("TQL402", "all"),),
+        compiled=True,
+        default_ranks=1,
+        compile_debug=True,
+        warm_steps=1,
+    ),
+    Scenario(
+        "host-sync-per-step",
+        ".item() on a device tensor inside the forward and when logging the loss, every step.",
+        expected=(("TQL201", "all"),),
+        default_ranks=1,
+    ),
+    Scenario(
+        "divergent-compile",
+        "DDP under torch.compile where the last rank's batch shape differs: its FX graph cache keys differ.",
+        expected=(("TQL403", "last"),),
+        compiled=True,
+        min_ranks=2,
+        compile_debug=True,
+        warm_steps=1,
+    ),
+    Scenario(
+        "straggler",
+        "DDP where the last rank sleeps before each step's forward: the others wait in all_reduce.",
+        expected=(("TQL301", "last"), ("TQL302", "last")),
+        min_ranks=2,
+    ),
+    Scenario(
+        "desync",
+        "The last rank issues all_gather where the others issue all_reduce; the group times out (short timeout).",
+        expected=(("TQL303", "last"),),
+        min_ranks=2,
+        fails=True,
+    ),
+    Scenario(
+        "fp32-leak",
+        "bf16 autocast with the output head under autocast(enabled=False) on float inputs: an fp32 GEMM.",
+        expected=(("TQL209", "all"),),
+        default_ranks=1,
+        cuda_only=("TQL209",),
+        notes="only GPU kernel names show the fp32 GEMM; on CPU the run is recorded without an expectation",
+    ),
+    Scenario(
+        "small-allreduce-storm",
+        "No DDP: one tiny all_reduce per parameter tensor after backward, unbucketed.",
+        expected=(("TQL102", "all"),),
+    ),
+    Scenario(
+        "grad-accum-without-no_sync",
+        "DDP with 4 micro-batches per optimizer step and no no_sync(): every micro-batch all-reduces.",
+        expected=(("TQL103", "all"),),
+    ),
+]
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in _LIST}
+
+
+def get(name: str) -> Scenario:
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        raise KeyError(f"unknown scenario {name!r}; valid: {', '.join(SCENARIOS)}") from None

@@ -1,0 +1,237 @@
+"""One rank of a capture scenario: a small real training loop under torch.profiler, with one planted pathology.
+
+Run by traceql.capture.runner as `python -m traceql.capture.worker ...`, one process per rank, with the
+usual torch.distributed environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). This is the only module
+of traceql that imports torch at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from traceql.capture.scenarios import get
+
+MICRO_BATCHES = 4  # grad-accum-without-no_sync
+STRAGGLER_SLEEP_S = 0.05
+
+
+class MLP(nn.Module):
+    """A stack of Linear+ReLU blocks, a LayerNorm and a head: many parameter tensors, real GEMMs."""
+
+    def __init__(self, width: int, depth: int, n_out: int, *, graph_break=False, host_sync=False, fp32_head=False):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, n_out)
+        self.graph_break = graph_break
+        self.host_sync = host_sync
+        self.fp32_head = fp32_head
+
+    def forward(self, x):
+        half = len(self.blocks) // 2
+        for i, block in enumerate(self.blocks):
+            x = torch.relu(block(x))
+            if i == half and self.graph_break:
+                torch._dynamo.graph_break()
+            if i == half and self.host_sync:
+                # A data-dependent branch on a device value: the host waits for the GPU here.
+                if x.abs().max().item() > 1e4:
+                    x = x * 0.5
+        x = self.norm(x)
+        if self.fp32_head:
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                return self.head(x.float())
+        return self.head(x)
+
+
+def _env_info(device: torch.device, pg_backend: str) -> dict:
+    cuda = torch.cuda.is_available() and device.type == "cuda"
+    nccl = None
+    if cuda:
+        try:
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception:
+            nccl = None
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": nccl,
+        "gpu": torch.cuda.get_device_name(device) if cuda else None,
+        "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "python": platform.python_version(),
+        "process_group": pg_backend,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scenario", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=3, help="profiled (active) steps")
+    ap.add_argument("--backend", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--pg-timeout", type=float, default=60.0)
+    args = ap.parse_args(argv)
+
+    sc = get(args.scenario)
+    out = Path(args.out)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+
+    if args.backend == "cuda":
+        n_gpu = torch.cuda.device_count()
+        if n_gpu == 0:
+            print("error: --backend cuda but no CUDA device is visible", file=sys.stderr)
+            return 2
+        device = torch.device("cuda", rank % n_gpu)
+        torch.cuda.set_device(device)
+        # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): share a GPU through gloo instead.
+        pg_backend = "nccl" if world <= n_gpu else "gloo"
+        width, depth, batch = 2048, 8, 256
+    else:
+        device = torch.device("cpu")
+        pg_backend = "gloo"
+        width, depth, batch = 128, 6, 32
+    n_out = 16
+
+    kw = {"device_id": device} if pg_backend == "nccl" else {}
+    dist.init_process_group(pg_backend, timeout=datetime.timedelta(seconds=args.pg_timeout), **kw)
+    if rank == 0:
+        (out / ".env.json").write_text(json.dumps(_env_info(device, pg_backend)))
+
+    torch.manual_seed(0)  # same weights on every rank
+    model = MLP(
+        width,
+        depth,
+        n_out,
+        graph_break=sc.name == "graph-break-hot-loop",
+        host_sync=sc.name == "host-sync-per-step",
+        fp32_head=sc.name == "fp32-leak",
+    ).to(device)
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=1e-3)
+
+    uses_ddp = sc.name in ("ddp-eager", "ddp-compiled", "divergent-compile", "straggler", "desync",
+                           "grad-accum-without-no_sync", "host-sync-per-step", "fp32-leak")
+    step_model = model
+    if uses_ddp:
+        ddp_kw = {"device_ids": [device.index]} if device.type == "cuda" else {}
+        step_model = nn.parallel.DistributedDataParallel(model, **ddp_kw)
+    if sc.compiled:
+        step_model = torch.compile(step_model, dynamic=False if sc.name in ("recompile-storm", "divergent-compile") else None)
+
+    gen = torch.Generator(device="cpu").manual_seed(1234 + rank)
+
+    def batch_for(step: int):
+        n = batch
+        if sc.name == "recompile-storm":
+            n = batch + 8 * step  # a new static shape every step
+        elif sc.name == "divergent-compile" and rank == world - 1:
+            n = batch + 8  # the odd rank's shape differs, so its FX graph cache keys do
+        x = torch.randn(n, width, generator=gen).to(device, non_blocking=True)
+        y = torch.randint(0, n_out, (n,), generator=gen).to(device, non_blocking=True)
+        return x, y
+
+    def forward_loss(x, y):
+        if sc.name == "fp32-leak":
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+                return F.cross_entropy(step_model(x).float(), y)
+        return F.cross_entropy(step_model(x), y)
+
+    def train_step(step: int):
+        opt.zero_grad(set_to_none=True)
+        if sc.name == "grad-accum-without-no_sync":
+            for _ in range(MICRO_BATCHES):  # every backward all-reduces: no_sync() is missing
+                x, y = batch_for(step)
+                (forward_loss(x, y) / MICRO_BATCHES).backward()
+            opt.step()
+            return None
+        x, y = batch_for(step)
+        if sc.name == "straggler" and rank == world - 1:
+            time.sleep(STRAGGLER_SLEEP_S)  # the slow rank: everyone else waits in its all_reduce
+        loss = forward_loss(x, y)
+        loss.backward()
+        if sc.name == "exposed-allreduce":
+            # One flat all_reduce after the whole backward: nothing left to overlap it with.
+            grads = [p.grad for p in params]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)
+            flat /= world
+            off = 0
+            for g in grads:
+                g.copy_(flat[off : off + g.numel()].view_as(g))
+                off += g.numel()
+        elif sc.name == "small-allreduce-storm":
+            for p in params:  # one tiny collective per parameter tensor
+                dist.all_reduce(p.grad)
+                p.grad /= world
+        elif sc.name == "desync" and step == desync_step:
+            t = torch.ones(4, device=device)
+            print(f"[rank{rank}] step {step}: issuing {'all_gather' if rank == world - 1 else 'all_reduce'} "
+                  f"(planted desync)", flush=True)
+            if rank == world - 1:
+                dist.all_gather([torch.empty_like(t) for _ in range(world)], t)
+            else:
+                dist.all_reduce(t)
+        opt.step()
+        return loss
+
+    warm = sc.warm_steps
+    total = warm + 2 + args.steps
+    desync_step = warm + 3 if args.steps >= 2 else warm + 2  # inside the active window
+    trace_path = out / f"rank{rank}.pt.trace.json.gz"
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+
+    def on_ready(prof):
+        prof.export_chrome_trace(str(trace_path))
+
+    status = 0
+    done = 0
+    t0 = time.perf_counter()
+    with torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(skip_first=warm, wait=1, warmup=1, active=args.steps, repeat=1),
+        on_trace_ready=on_ready,
+        record_shapes=False,
+        with_stack=False,
+    ) as prof:
+        try:
+            for step in range(total):
+                loss = train_step(step)
+                if sc.name == "host-sync-per-step" and loss is not None:
+                    print(f"[rank{rank}] step {step} loss {loss.item():.4f}", flush=True)  # a sync every step
+                prof.step()
+                done += 1
+        except Exception:
+            traceback.print_exc()
+            print(f"[rank{rank}] ERROR: step {step} failed after {time.perf_counter() - t0:.1f}s", file=sys.stderr,
+                  flush=True)
+            status = 1
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    print(f"[rank{rank}] done: {done} of {total} steps, status {status}, {time.perf_counter() - t0:.1f}s", flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if status:
+        os._exit(status)  # a broken group can hang in destroy_process_group
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
