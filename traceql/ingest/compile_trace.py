@@ -28,6 +28,12 @@ import orjson
 import polars as pl
 
 from traceql.ingest import IngestError
+from traceql.ingest._compile_common import MAX_VALUE as _MAX_VALUE
+from traceql.ingest._compile_common import graph_break as _graph_break
+from traceql.ingest._compile_common import guard_text as _guard_text
+from traceql.ingest._compile_common import is_cache_limit as _is_cache_limit
+from traceql.ingest._compile_common import json_or_lines as _json_or_lines
+from traceql.ingest._compile_common import parse_graph_ops
 
 KIND = "torch_trace"
 SUPPORTED = True
@@ -63,9 +69,7 @@ _NEED_PAYLOAD_ARTIFACTS = {"dynamo_graph_break_reason", "recompile_reasons", "in
 _NEED_PAYLOAD_KINDS = {"dynamo_output_graph", "inductor_post_grad_graph", "optimize_ddp_split_child"}
 
 _COMPONENT = re.compile(r"^\[(\w+)\] ([^:]+?): ?(.*)$", re.S)
-_GB_AT = re.compile(r"Graph break in user code at (.+):(\d+)")
 _LIMIT = re.compile(r"(?:recompile_limit|cache_size_limit|cache size limit)[^\n]*?(?:currently set to |\()(\d+)")
-_MAX_VALUE = 240  # characters of a component value kept for messages
 
 
 def sniff(path: Path, head: bytes) -> bool:
@@ -136,61 +140,6 @@ def parse_components(items) -> dict:
             name = f"{name}#{k}"
         out[name] = {"hash": h, "value": value}
     return out
-
-
-# --- graph payloads -------------------------------------------------------------------------------------------
-
-_ASSIGN = re.compile(r"^\s+([A-Za-z_]\w*)(?:: \"[^\"]*\")? = (.+)$")
-_CALL = re.compile(r"^([A-Za-z_][\w\.]*)\((.*)\)$", re.S)
-_BINOP = re.compile(r"^([A-Za-z_]\w*|\d[\w\.]*) (\*\*|//|[-+*/@%&|^]|<<|>>|==|!=|<=|>=|<|>) ([A-Za-z_]\w*|[\d\.]+)$")
-_NAME = re.compile(r"[A-Za-z_]\w*")
-_OPSYM = {"+": "add", "-": "sub", "*": "mul", "/": "truediv", "//": "floordiv", "**": "pow", "@": "matmul",
-          "%": "mod", "&": "and_", "|": "or_", "^": "xor", "<<": "lshift", ">>": "rshift", "==": "eq", "!=": "ne",
-          "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
-_DEF = re.compile(r"^\s*def forward\(self,?(.*)\):\s*$")
-
-
-def parse_graph_ops(text: str) -> list[dict]:
-    """Ops of a printed FX graph (GraphModule.print_readable), in order: op target, output name, input names."""
-    ops: list[dict] = []
-    known: set[str] = set()
-    for line in text.split("\n"):
-        s = line.strip()
-        if not s or s.startswith("#"):
-            continue
-        m = _DEF.match(line)
-        if m:  # a new graph (submodules print their own forward): inputs become known names
-            known = {a.split(":")[0].strip() for a in m.group(1).split(",") if a.strip()}
-            continue
-        m = _ASSIGN.match(line)
-        if not m:
-            continue
-        out, rhs = m.group(1), m.group(2).split(";  ", 1)[0].strip()
-        op = None
-        args = ""
-        cm = _CALL.match(rhs)
-        if cm:
-            callee, args = cm.group(1), cm.group(2)
-            if callee.startswith("torch.ops."):
-                op = callee[len("torch.ops."):]
-            elif callee.startswith(("torch.", "operator.", "math.", "builtins.")):
-                op = callee
-            elif callee.startswith("self."):
-                op = callee[len("self."):]
-            elif "." in callee:
-                op = "Tensor." + callee.rsplit(".", 1)[1]
-            else:
-                op = callee
-        else:
-            bm = _BINOP.match(rhs)
-            if bm:
-                op = "operator." + _OPSYM.get(bm.group(2), bm.group(2))
-                args = f"{bm.group(1)}, {bm.group(3)}"
-        if op is not None:
-            ins = [n for n in dict.fromkeys(_NAME.findall(args)) if n in known]
-            ops.append({"op": op, "out": out, "in": ins})
-        known.add(out)
-    return ops
 
 
 # --- reading --------------------------------------------------------------------------------------------------
@@ -486,64 +435,6 @@ _ROW_SCHEMA = {
     "guard": pl.Utf8, "user_frame": pl.Utf8, "cache_key": pl.Utf8, "components": pl.Utf8, "op": pl.Utf8,
     "op_index": pl.Int64, "detail": pl.Utf8,
 }
-
-
-def _is_cache_limit(reason: str) -> bool:
-    r = reason.lower()
-    return "recompile limit" in r or "cache_size_limit" in r or "cache size limit" in r or "recompile_limit" in r
-
-
-def _guard_text(reason: str | None) -> str | None:
-    """`0/3: tensor 'x' size mismatch ...` -> `tensor 'x' size mismatch ...` (the failed guard)."""
-    if not reason:
-        return None
-    first = str(reason).strip().split("\n", 1)[0]
-    return re.sub(r"^!?[\d/]+: ", "", first).strip() or None
-
-
-def _json_or_lines(text: str) -> list[str]:
-    t = text.strip()
-    if not t:
-        return []
-    try:
-        v = orjson.loads(t)
-        if isinstance(v, list):
-            return [str(x) for x in v]
-        if isinstance(v, str):
-            return [v]
-    except orjson.JSONDecodeError:
-        pass
-    return [ln.strip() for ln in t.split("\n") if ln.strip()]
-
-
-def _graph_break(text: str) -> dict:
-    """The reason (its headline), the user frame (file:line) and the docs link of a graph break report."""
-    user_frame = None
-    m = _GB_AT.search(text)
-    if m:
-        user_frame = f"{m.group(1)}:{m.group(2)}"
-    lines = text.split("\n")
-    reason = None
-    for i, ln in enumerate(lines):
-        if ln.startswith("Graph Break Reason:"):
-            # the headline is the first non-empty line after "Graph Break Reason: ...:" (torch >= 2.7), else the rest
-            rest = ln[len("Graph Break Reason:"):].strip()
-            nxt = next((x.strip() for x in lines[i + 1:i + 4] if x.strip()), "")
-            reason = nxt if rest.endswith(":") and nxt else rest
-            break
-    if reason is None:
-        reason = next((ln.strip() for ln in lines if ln.strip() and not ln.startswith("Graph break in user code")), None)
-    detail = {}
-    gb = re.search(r"/gb/(gb\d+)\.html", text)
-    if gb:
-        detail["gb_id"] = gb.group(1)
-    expl = re.search(r"^\s*Explanation: (.+)$", text, re.M)
-    if expl:
-        detail["explanation"] = expl.group(1)[:_MAX_VALUE]
-    hint = re.search(r"^\s*Hint: (.+)$", text, re.M)
-    if hint:
-        detail["hint"] = hint.group(1)[:_MAX_VALUE]
-    return {"reason": reason, "user_frame": user_frame, "detail": detail}
 
 
 def _graph_rows(base: dict, text: str, graph: str, graph_no: dict) -> list[dict]:

@@ -1,15 +1,146 @@
-"""TORCH_LOGS text (recompiles, graph_breaks, dynamo) in a process's stdout/stderr. (stub: being written)"""
+"""TORCH_LOGS text (recompiles, graph_breaks, dynamo) in a process's stdout/stderr -> compile_events.
+
+A logged message is one or more lines that share a glog prefix, optionally behind a launcher prefix (`[rank3]:`):
+`[rank1]:V1129 09:20:23.630000 14423 torch/_dynamo/symbolic_convert.py:5124] [0/0] [__graph_breaks] text`.
+The bracket after the prefix is the compile id; the next one names the artifact (__recompiles, __graph_breaks,
+__recompiles_verbose). What becomes a row: recompile (function, file:line, failed guards), graph_break (reason,
+user frame), cache_limit (`torch._dynamo hit config.recompile_limit (8)`). These logs carry no compile times,
+cache keys or graphs; TORCH_TRACE does, and link/ prefers it where a rank has both.
+"""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-KIND = "torch_logs"
-SUPPORTED = False
+import orjson
+import polars as pl
 
-_MARK = re.compile(rb"\[__recompiles\]|\[__graph_breaks\]|torch/_dynamo/|Recompiling function|Graph break")
+from traceql.ingest import IngestError
+from traceql.ingest._compile_common import graph_break, guard_text
+
+KIND = "torch_logs"
+SUPPORTED = True
+
+# A glog line from torch, with a compile id bracket or one of the artifacts we read; a launcher prefix may lead.
+_MARK = re.compile(
+    rb"(?m)^(?:\[rank\d+\]:)?[VIWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ torch/[^\]]+\] "
+    rb"(?:\[[!\d/]+\] )?(?:\[__recompiles|\[__graph_breaks|Recompiling function|Graph break|torch\._dynamo hit config)"
+)
+_LINE = re.compile(
+    r"^(?:\[rank(?P<rank>\d+)\]:)?(?P<lvl>[VIWE])(?P<md>\d{4}) (?P<t>\d\d:\d\d:\d\d\.\d+) +(?P<tid>\d+) "
+    r"(?P<loc>[^\]]+)\] (?:\[(?P<cid>!?[\d/]+)\] )?(?:\[(?P<art>__\w+)\] )?(?P<text>.*)$"
+)
+_RECOMPILING = re.compile(r"Recompiling function (\S+) in (.+):(\d+)")
+_LIMIT = re.compile(r"torch\._dynamo hit config\.(\w+) \((\d+)\)")
+_FILE = re.compile(r'File "([^"]+)", line (\d+)')
+_FAILURE = re.compile(r"^\s*- (.+)$")
 
 
 def sniff(path: Path, head: bytes) -> bool:
     return bool(_MARK.search(head))
+
+
+def _messages(path: Path):
+    """Group consecutive lines that share (rank, time, thread, location, compile id, artifact) into messages."""
+    cur_key = None
+    cur: list[str] = []
+    meta = None
+    with open(path, "rb") as fb:
+        magic = fb.read(2)
+    if magic == b"\x1f\x8b":
+        import gzip
+
+        f = gzip.open(path, "rt", encoding="utf-8", errors="replace")
+    else:
+        f = open(path, encoding="utf-8", errors="replace")
+    with f:
+        try:
+            for lineno, raw in enumerate(f, 1):
+                m = _LINE.match(raw.rstrip("\n"))
+                if not m:
+                    if cur:
+                        yield meta, cur
+                        cur, cur_key = [], None
+                    continue
+                key = (m["rank"], m["md"], m["t"], m["tid"], m["loc"], m["cid"], m["art"])
+                if key != cur_key and cur:
+                    yield meta, cur
+                    cur = []
+                if key != cur_key:
+                    meta = {"rank": int(m["rank"]) if m["rank"] else None, "cid": m["cid"], "art": m["art"],
+                            "line": lineno, "level": m["lvl"], "time": f"{m['md']} {m['t']}"}
+                    cur_key = key
+                cur.append(m["text"])
+        except (EOFError, OSError):
+            pass
+    if cur:
+        yield meta, cur
+
+
+def _cid_parts(cid: str | None):
+    if not cid:
+        return None, None
+    parts = cid.lstrip("!").split("/")
+    if cid.startswith("!"):
+        parts = parts[1:]
+    try:
+        return int(parts[0]), int(parts[1])
+    except (ValueError, IndexError):
+        return None, None
+
+
+def read(path: Path, source) -> dict[str, pl.DataFrame]:
+    rows = []
+    seen_recompile: set[tuple] = set()
+    ranks: set[int] = set()
+    for meta, lines in _messages(path):
+        text = "\n".join(lines)
+        r = meta["rank"] if meta["rank"] is not None else source.rank
+        if meta["rank"] is not None:
+            ranks.add(meta["rank"])
+        f_id, c_id = _cid_parts(meta["cid"])
+        base = {"rank": r, "compile_id": meta["cid"], "frame_id": f_id, "attempt": c_id}
+        det = {"line": meta["line"], "logged_at": meta["time"]}
+        art = meta["art"] or ""
+        m = _RECOMPILING.search(text)
+        if art.startswith("__recompiles") and m:
+            key = (r, meta["cid"])
+            if key in seen_recompile:  # __recompiles and __recompiles_verbose report the same recompile
+                continue
+            seen_recompile.add(key)
+            failures = [fm.group(1).strip() for ln in lines if (fm := _FAILURE.match(ln))]
+            rows.append({**base, "kind": "recompile", "function": m.group(1), "filename": m.group(2),
+                         "line": int(m.group(3)), "reason": "\n".join(failures) or None,
+                         "guard": guard_text(failures[0]) if failures else None,
+                         "detail": {**det, "failed_guards": failures[:16], "n_failed": len(failures)}})
+        elif art == "__graph_breaks" and ("Graph break in user code" in text or "Graph Break Reason" in text):
+            gb = graph_break(text)
+            rows.append({**base, "kind": "graph_break", "reason": gb["reason"], "user_frame": gb["user_frame"],
+                         "detail": {**det, **gb["detail"]}})
+        elif text.startswith("Graph break from "):  # the warning torch prints without TORCH_LOGS (older wording too)
+            fm = _FILE.search(text)
+            rows.append({**base, "kind": "graph_break", "reason": lines[0].rstrip(", consider setting:").strip(),
+                         "user_frame": f"{fm.group(1)}:{fm.group(2)}" if fm else None,
+                         "detail": {**det, "from": "warning"}})
+        elif (lm := _LIMIT.search(text)) is not None:
+            rows.append({**base, "kind": "cache_limit", "reason": text.split("\n", 1)[0],
+                         "detail": {**det, "limit": int(lm.group(2)), "config": lm.group(1)}})
+    if any(r["kind"] == "graph_break" and "from" not in r["detail"] for r in rows):  # TORCH_LOGS reports win
+        rows = [r for r in rows if not (r["kind"] == "graph_break" and r["detail"].get("from") == "warning")]
+    if not rows:
+        raise IngestError(f"{path.name}: no recompile, graph-break or recompile-limit message found; "
+                          "run with TORCH_LOGS=recompiles,graph_breaks to log them")
+    if ranks:
+        source.ranks = sorted(ranks)
+        if len(ranks) == 1:
+            source.rank = next(iter(ranks))
+        source.rank_origin = "[rankN]: line prefixes"
+    for row in rows:
+        row["detail"] = orjson.dumps(row["detail"]).decode()
+        if row["rank"] is None:
+            row["rank"] = source.rank
+    return {"compile_events": pl.DataFrame(rows, schema={
+        "rank": pl.Int32, "compile_id": pl.Utf8, "frame_id": pl.Int64, "attempt": pl.Int64, "kind": pl.Utf8,
+        "function": pl.Utf8, "filename": pl.Utf8, "line": pl.Int64, "reason": pl.Utf8, "guard": pl.Utf8,
+        "user_frame": pl.Utf8, "detail": pl.Utf8})}
