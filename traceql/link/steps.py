@@ -20,7 +20,7 @@ def _by_time(df: pl.DataFrame, steps: pl.DataFrame) -> pl.Series:
         return pl.Series("step", [None] * df.height, dtype=pl.Int64)
     left = df.select(*_BY, "ts").with_row_index("_i").with_columns(pl.col("ts").fill_null(-(1 << 62)))
     right = steps.select(*_BY, pl.col("ts").alias("_sts"), pl.col("end").alias("_send"), pl.col("step").alias("_step")).sort("_sts")
-    j = left.sort("ts").join_asof(right, left_on="ts", right_on="_sts", by=_BY, strategy="backward")
+    j = left.sort("ts").join_asof(right, left_on="ts", right_on="_sts", by=_BY, strategy="backward", check_sortedness=False)
     j = j.with_columns(pl.when(pl.col("ts") < pl.col("_send")).then(pl.col("_step")).otherwise(None).alias("step")).sort("_i")
     return j["step"]
 

@@ -113,7 +113,7 @@ def _host_context(run: Run, gaps: pl.DataFrame) -> pl.DataFrame:
         if t.height == 0:
             continue
         gt = g.select("_gid", "rank", "_mid").join(t.select("rank", "tid").unique(), on="rank").sort("_mid")
-        j = gt.join_asof(t.select("rank", "tid", "ts", "id").sort("ts"), left_on="_mid", right_on="ts", by=["rank", "tid"], strategy="backward")
+        j = gt.join_asof(t.select("rank", "tid", "ts", "id").sort("ts"), left_on="_mid", right_on="ts", by=["rank", "tid"], strategy="backward", check_sortedness=False)
         j = j.filter(pl.col("id").is_not_null()).select("_gid", "rank", "tid", "_mid", "id")
         info = t.select("rank", "id", "ts", "end", "name", "parent" if "parent" in t.columns else pl.lit(None, pl.Int64).alias("parent"), "depth" if depth is None else pl.lit(depth, pl.Int32).alias("depth")).unique(["rank", "id"])
         hits = []
@@ -200,6 +200,9 @@ def _collapse(df: pl.DataFrame, keys: list[str], rule: Rule) -> pl.DataFrame:
             aggs.append(pl.col(c).median().alias(c))
             aggs.append(pl.col(c).max().alias(f"{c}_max"))
             aggs.append(pl.col(c).sum().alias(f"{c}_total"))
+        elif dt == pl.Utf8:
+            # the most frequent value, ties by first appearance: "the host was in X" for most of the gaps
+            aggs.append(pl.col(c).drop_nulls().mode().sort().first().alias(c))
         else:
             aggs.append(pl.col(c).first().alias(c))
     return df.group_by(keys, maintain_order=True).agg(aggs)

@@ -84,6 +84,14 @@ def segments(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
     return df.group_by([*per, "_seg"]).agg(aggs).sort([*per, "seg_ts"])
 
 
+def short_name(col: str) -> pl.Expr:
+    """A kernel or op name without return type, template arguments and parameter list, for messages."""
+    e = pl.col(col).str.replace(r"^void ", "").str.replace_all(r"\(anonymous namespace\)::", "", literal=False)
+    for _ in range(4):  # templates nest; peel the innermost <...> a few times
+        e = e.str.replace_all(r"<[^<>]*>", "")
+    return e.str.replace(r"(\S)\(.*$", "${1}").str.strip_chars().str.slice(0, 80)
+
+
 def gaps(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
     """Idle gaps between consecutive busy segments of the selection, per group."""
     per = _keys(per)
@@ -103,7 +111,7 @@ def gaps(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
         (pl.col("last_name") if has_name else pl.lit(None, pl.Utf8)).alias("prev_name"),
         "next_name",
     )
-    return out.filter(pl.col("gap_ms") > 0)
+    return out.filter(pl.col("gap_ms") > 0).with_columns(short_name("prev_name"), short_name("next_name"))
 
 
 def count(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
