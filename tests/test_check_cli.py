@@ -1,0 +1,114 @@
+"""`traceql check` and `traceql summary` end to end: output contract, exit codes, bad inputs beside good ones."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from traceql.cli import main
+
+TRACE_FILTER = ("hta", "tests", "data", "trace_filter")
+
+
+def run_cli(*args):
+    r = CliRunner().invoke(main, [*map(str, args), "--quiet"] if args[0] in ("check", "summary") else list(map(str, args)))
+    return r
+
+
+@pytest.fixture
+def two_ranks(corpus, tmp_path) -> Path:
+    d = tmp_path / "run"
+    shutil.copytree(corpus.joinpath(*TRACE_FILTER), d)
+    return d
+
+
+def test_json_contract_on_a_real_two_rank_run(two_ranks):
+    r = run_cli("check", two_ranks, "--format", "json")
+    assert r.exit_code in (0, 1), r.output
+    doc = json.loads(r.stdout)
+    assert set(doc) >= {"version", "run", "sources", "rules", "findings"}
+    assert doc["run"]["ranks"] == [0, 1]
+    assert {s["status"] for s in doc["sources"]} == {"ok"}
+    assert all(set(s) >= {"path", "kind", "rank", "status", "detail"} for s in doc["sources"])
+    assert all(r["status"] in ("ran", "skipped", "error") and "reason" in r for r in doc["rules"])
+    assert not [r for r in doc["rules"] if r["status"] == "error"], doc["rules"]
+    for f in doc["findings"]:
+        assert set(f) >= {"rule", "name", "severity", "ranks", "step", "message", "evidence"}
+        assert f["severity"] in ("error", "warning", "info")
+    # exit code follows the worst finding
+    worst = {f["severity"] for f in doc["findings"]}
+    assert r.exit_code == (1 if worst & {"warning", "error"} else 0)
+
+
+def test_fail_on_and_select(two_ranks):
+    assert run_cli("check", two_ranks, "--fail-on", "never").exit_code == 0
+    r = run_cli("check", two_ranks, "--format", "json", "--select", "TQL3")
+    assert {x["rule"][:4] for x in json.loads(r.stdout)["findings"]} <= {"TQL3"}
+    ran = [x["id"] for x in json.loads(r.stdout)["rules"]]
+    assert ran and all(i.startswith("TQL3") for i in ran)
+
+
+def test_set_overrides_a_threshold(two_ranks):
+    base = json.loads(run_cli("check", two_ranks, "--format", "json", "--select", "TQL202").stdout)["findings"]
+    assert base, "the sampled 128-rank trace has GPU idle gaps of over 1 ms"
+    high = json.loads(run_cli("check", two_ranks, "--format", "json", "--select", "TQL202", "--set", "TQL202.min_gap_ms=100000").stdout)
+    assert high["findings"] == []
+    bad = run_cli("check", two_ranks, "--set", "TQL202.no_such=1")
+    assert bad.exit_code == 2 and "no param" in bad.output
+
+
+def test_truncated_and_foreign_files_beside_good_ones(two_ranks):
+    good = two_ranks / "sampled_rank-1.json.gz"
+    raw = gzip.decompress(good.read_bytes())
+    (two_ranks / "rank-5.json").write_bytes(raw[: len(raw) // 2])  # killed mid-write
+    (two_ranks / "notes.json").write_text('{"hello": "world"}')
+    (two_ranks / "empty.json").write_bytes(b"")
+    (two_ranks / "binary.bin").write_bytes(bytes(range(256)) * 10)
+    doc = json.loads(run_cli("check", two_ranks, "--format", "json").stdout)
+    by_name = {Path(s["path"]).name: s for s in doc["sources"]}
+    assert by_name["rank-5.json"]["status"] == "partial"
+    assert "byte" in by_name["rank-5.json"]["detail"]
+    assert by_name["empty.json"]["status"] == "skipped" and "empty" in by_name["empty.json"]["detail"]
+    assert by_name["notes.json"]["status"] in ("skipped", "error")
+    assert by_name["binary.bin"]["status"] == "skipped"
+    assert by_name["sampled_rank-0.json.gz"]["status"] == "ok"
+    assert 5 in doc["run"]["ranks"] and 0 in doc["run"]["ranks"]
+
+
+def test_nothing_analysable_exits_2(tmp_path):
+    (tmp_path / "a.txt").write_text("hello")
+    r = run_cli("check", tmp_path)
+    assert r.exit_code == 2
+    assert run_cli("check", tmp_path / "missing").exit_code == 2
+
+
+def test_summary_contract(two_ranks):
+    r = run_cli("summary", two_ranks, "--format", "json")
+    assert r.exit_code == 0, r.output
+    ranks = json.loads(r.stdout)["ranks"]
+    assert set(ranks) == {"0", "1"}
+    for row in ranks.values():
+        assert set(row) >= {"steps", "step_time_ms", "kernel_time_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "comm_comp_overlap_pct", "idle_ms", "kernels"}
+        assert row["exposed_comm_ms"] <= row["comm_ms"]
+        assert 0 <= row["comm_comp_overlap_pct"] <= 100
+        assert row["kernels"] > 0
+
+
+def test_cache_gives_the_same_answer(two_ranks):
+    cold = json.loads(run_cli("check", two_ranks, "--format", "json", "--no-cache").stdout)
+    warm1 = json.loads(run_cli("check", two_ranks, "--format", "json").stdout)
+    warm2 = json.loads(run_cli("check", two_ranks, "--format", "json").stdout)
+    assert cold["findings"] == warm1["findings"] == warm2["findings"]
+
+
+def test_rules_explain_and_list():
+    r = CliRunner().invoke(main, ["rules", "explain", "TQL101"])
+    assert r.exit_code == 0 and "Why it matters" in r.output and "How to fix it" in r.output
+    assert CliRunner().invoke(main, ["rules", "explain", "TQL000"]).exit_code == 2
+    lst = CliRunner().invoke(main, ["rules", "list"]).output
+    assert "TQL101" in lst and "exposed-communication" in lst
