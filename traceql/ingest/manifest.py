@@ -6,6 +6,7 @@ from pathlib import Path
 
 KIND = "manifest"
 SUPPORTED = False  # nothing to ingest: the manifest is read by benchmarks/accuracy.py and `rules test`
+HINT = "traceql capture manifest: describes the run, holds no trace data"
 
 
 def sniff(path: Path, head: bytes) -> bool:

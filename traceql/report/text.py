@@ -20,8 +20,11 @@ def render(result: CheckResult, color: bool = False, verbose: bool = False, widt
     root = run.path if run.path.is_dir() else run.path.parent
     ranks = run.ranks
     con.print(f"[bold]traceql check[/] {escape(str(run.path))}: {len(ranks)} rank(s) {escape(_ranges(ranks))}, {len(run.sources)} source(s)")
+    quiet_skips = [s for s in run.sources if s.status == "skipped" and s.kind in ("unknown", "manifest")]
     for s in run.sources:
         if s.status == "ok" and not verbose:
+            continue
+        if s in quiet_skips and not verbose:
             continue
         j = s.to_json(root)
         rank = f" rank {j['rank']}" if j["rank"] is not None else ""
@@ -29,6 +32,8 @@ def render(result: CheckResult, color: bool = False, verbose: bool = False, widt
     ok = sum(1 for s in run.sources if s.status == "ok")
     if not verbose and ok:
         con.print(f"  [green]ok[/]       {ok} source(s) read fully")
+    if quiet_skips and not verbose:
+        con.print(f"  [dim]skipped  {len(quiet_skips)} other file(s): not traceql inputs (-v lists them)[/]")
     skipped = [r for r in result.results if r.status != "ran"]
     if skipped and verbose:
         con.print("[dim]rules not run:[/]")

@@ -70,7 +70,21 @@ def select(run: Run, table: str, where: dict | None) -> pl.DataFrame:
     return df
 
 
+def _with_step_time(run: Run, out: pl.DataFrame) -> pl.DataFrame:
+    """Per-step outputs get the step's duration (step_ms), so rules can weigh a measure against the step."""
+    if not {"rank", "step"} <= set(out.columns) or "step_ms" in out.columns:
+        return out
+    st = run.table("steps").group_by(["rank", "step"]).agg((pl.col("dur").max() / 1e6).alias("step_ms"))
+    st = st.with_columns(pl.col("rank").cast(out.schema["rank"]), pl.col("step").cast(out.schema["step"]))
+    return out.join(st, on=["rank", "step"], how="left")
+
+
 def _measure(run: Run, rule: Rule) -> pl.DataFrame:
+    out = _measure_raw(run, rule)
+    return _with_step_time(run, out) if rule.select["measure"] != "rows" else out
+
+
+def _measure_raw(run: Run, rule: Rule) -> pl.DataFrame:
     s = rule.select
     m = s["measure"]
     per = list(s.get("per") or ["rank"])
