@@ -384,6 +384,11 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
         quarter = 900 * 1_000_000_000  # time zones are whole quarter hours
         offset = round((epoch_ns - naive) / quarter) * quarter
 
+    frame_by_id = {}
+    for cid_, fr_ in frames.items():
+        f_, _ = parse_compile_id(cid_)
+        if cid_ is not None and f_ is not None:
+            frame_by_id.setdefault((cid_.startswith("!"), f_), fr_)
     out = []
     for row in rows:
         glog = row.pop("_glog", None)
@@ -395,6 +400,8 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
         if row.get("ts") is None and glog is not None and offset is not None:
             row["ts"] = _glog_ns(glog, year) + offset
         fr = frames.get(row.get("compile_id"))
+        if fr is None and row.get("frame_id") is not None:  # e.g. the attempt that hit the recompile limit
+            fr = frame_by_id.get(((row.get("compile_id") or "").startswith("!"), row["frame_id"]))
         if fr is not None:
             if row.get("function") is None:
                 row["function"] = fr[0]

@@ -59,7 +59,7 @@ def compile_frames(run: Run) -> pl.DataFrame:
     schema = {"rank": pl.Int32, "frame_id": pl.Int64, "function": pl.Utf8, "filename": pl.Utf8, "line": pl.Int64,
               "compiles": pl.UInt32, "recompiles": pl.UInt32, "limit_hit": pl.Boolean, "limit": pl.Int64,
               "top_guard": pl.Utf8, "top_guard_count": pl.UInt32, "last_guard": pl.Utf8, "compile_s": pl.Float64,
-              "location": pl.Utf8}
+              "location": pl.Utf8, "limit_note": pl.Utf8}
     ev = ev.filter(pl.col("kind").is_in(["compile", "recompile", "cache_limit"]) & pl.col("frame_id").is_not_null())
     if ev.height == 0:
         return pl.DataFrame(schema=schema)
@@ -88,6 +88,9 @@ def compile_frames(run: Run) -> pl.DataFrame:
     out = out.with_columns(
         pl.format("{}:{}", pl.col("filename").fill_null("?"), pl.col("line").fill_null(0)).alias("location"),
         pl.col("top_guard_count").fill_null(0),
+        pl.when(pl.col("limit_hit")).then(pl.format(
+            " and hit the recompile limit ({}): the frame now runs in eager mode", pl.col("limit").cast(pl.Utf8).fill_null("?")))
+        .otherwise(pl.lit("")).alias("limit_note"),
     )
     return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank", "frame_id")
 
@@ -130,7 +133,7 @@ def graph_break_cost(run: Run) -> pl.DataFrame:
     region ran per step and its time per step where a profiler trace has it (null where none does)."""
     schema = {"rank": pl.Int32, "compile_id": pl.Utf8, "function": pl.Utf8, "location": pl.Utf8, "reason": pl.Utf8,
               "user_frame": pl.Utf8, "n_steps": pl.UInt32, "steps_with_calls": pl.UInt32, "calls_per_step": pl.Float64,
-              "ms_per_step": pl.Float64, "traced": pl.Boolean}
+              "ms_per_step": pl.Float64, "traced": pl.Boolean, "cost_note": pl.Utf8}
     ev = run.tables.get("compile_evidence")
     if ev is None:
         ev = compile_evidence(run)
@@ -161,6 +164,11 @@ def graph_break_cost(run: Run) -> pl.DataFrame:
         pl.when(pl.col("traced") & (pl.col("n_steps") > 0)).then(pl.col("_calls").fill_null(0) / pl.col("n_steps")).alias("calls_per_step"),
         pl.when(pl.col("traced") & (pl.col("n_steps") > 0)).then(pl.col("_ms").fill_null(0) / pl.col("n_steps")).alias("ms_per_step"),
     )
+    out = out.with_columns(
+        pl.when(pl.col("traced")).then(pl.format(
+            "its compiled region ran in {} of {} profiled steps, {} calls and {} ms per step",
+            pl.col("steps_with_calls"), pl.col("n_steps"), pl.col("calls_per_step").round(1), pl.col("ms_per_step").round(3)))
+        .otherwise(pl.lit("no profiler trace of this rank: how often it runs is unknown")).alias("cost_note"))
     return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank", "compile_id")
 
 
