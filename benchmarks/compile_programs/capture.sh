@@ -10,7 +10,9 @@ run() {  # name, env..., then command after --
   local envs=(); while [[ $1 != -- ]]; do envs+=("$1"); shift; done; shift
   ( cd "$d" && env "${envs[@]}" TORCHINDUCTOR_CACHE_DIR="$d/.cache" CACHE_ROOT="$d/.cache" TORCH_TRACE="$d/tt" \
       "$@" > stdout.txt 2> stderr.txt ) || echo "FAILED $name"
-  rm -rf "$d/.cache"; gzip -9 "$d"/tt/*.log || true
+  rm -rf "$d/.cache"; mkdir -p "$d/tt_full"
+  for f in "$d"/tt/*.log; do mv "$f" "$d/tt_full/"; python "$HERE/trim_trace.py" "$d/tt_full/$(basename "$f")" "$f"; done
+  gzip -9 "$d"/tt/*.log "$d"/tt_full/*.log || true
 }
 run compile-graph-break X=1 -- python "$HERE/graph_break_loop.py"
 run compile-recompile-storm MODE=static -- python "$HERE/recompile_storm.py"

@@ -22,8 +22,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
-        self.layers = nn.ModuleList([nn.Linear(256, 256) for _ in range(3)])
-        self.head = nn.Linear(256, 4)
+        self.layers = nn.ModuleList([nn.Linear(512, 512) for _ in range(3)])
+        self.head = nn.Linear(512, 4)
 
     def forward(self, x):
         for layer in self.layers:
@@ -50,14 +50,14 @@ def main():
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = Net()
-    ddp = DDP(model, bucket_cap_mb=0.25)
+    ddp = DDP(model, bucket_cap_mb=1)  # ~1 MiB per 512x512 layer: DDPOptimizer splits per layer
     cmodel = torch.compile(ddp)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     bs = 8
     if os.environ.get("DIVERGE") == "1" and rank == 1:
         bs = 6
     for _ in range(3):
-        loss = cmodel(torch.randn(bs, 256)).pow(2).mean()
+        loss = cmodel(torch.randn(bs, 512)).pow(2).mean()
         loss.backward()
         opt.step()
         opt.zero_grad()

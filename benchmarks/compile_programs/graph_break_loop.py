@@ -29,11 +29,11 @@ cm = torch.compile(m)
 opt = torch.optim.SGD(m.parameters(), lr=0.01)
 x = torch.randn(32, 64)
 cm(x).sum().backward()  # compile outside the profiler
-with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=4)) as prof:
+with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=4),
+             on_trace_ready=lambda p: p.export_chrome_trace("kineto_trace.json")) as prof:
     for _ in range(5):
         loss = cm(x).sum()
         loss.backward()
         opt.step()
         opt.zero_grad()
         prof.step()
-prof.export_chrome_trace("kineto_trace.json")

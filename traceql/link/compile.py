@@ -9,6 +9,7 @@ Every other table here reads compile_evidence.
 from __future__ import annotations
 
 import re
+import warnings
 
 import orjson
 import polars as pl
@@ -42,6 +43,22 @@ def compile_evidence(run: Run) -> pl.DataFrame:
     best = ce.group_by("rank", "kind").agg(pl.col("_prio").min().alias("_best"))
     ce = ce.join(best, on=["rank", "kind"], how="left", nulls_equal=True)
     return ce.filter(pl.col("_prio") == pl.col("_best")).drop("_sk", "_prio", "_best")
+
+
+def _known_rank(run: Run):
+    """The one rank the compile logs name, where they name exactly one (a single-process run)."""
+    ce = run.table("compile_events")
+    known = ce["rank"].drop_nulls().unique() if ce.height else pl.Series([], dtype=pl.Int32)
+    return known[0] if known.len() == 1 else None
+
+
+def _steps(run: Run) -> pl.DataFrame:
+    """steps, with a null rank filled in for single-process runs (a profile without distributedInfo)."""
+    st = run.table("steps")
+    r = _known_rank(run)
+    if st.height and r is not None and st["rank"].null_count():
+        st = st.with_columns(pl.col("rank").fill_null(r))
+    return st
 
 
 def _detail_field(name: str, dtype=pl.Utf8) -> pl.Expr:
@@ -116,9 +133,17 @@ def compiled_regions(run: Run) -> pl.DataFrame:
     ev = run.tables.get("compile_evidence")
     if ev is None:
         ev = compile_evidence(run)
-    known = ev["rank"].drop_nulls().unique()
-    if known.len() == 1 and ho["rank"].null_count():  # a single-process profile without distributedInfo
-        ho = ho.with_columns(pl.col("rank").fill_null(known[0]))
+    r = _known_rank(run)
+    if r is not None and ho["rank"].null_count():  # a single-process profile without distributedInfo
+        ho = ho.with_columns(pl.col("rank").fill_null(r))
+    if ho["step"].null_count():  # rows the step linker left without a step: the step window of their source
+        st = run.table("steps").filter(pl.col("ts").is_not_null()).select(
+            "source", pl.col("ts").alias("_sts"), pl.col("end").alias("_send"), pl.col("step").alias("_sstep")).sort("_sts")
+        if st.height:
+            with warnings.catch_warnings():  # sorted by ts within each source; polars cannot verify that with `by`
+                warnings.simplefilter("ignore")
+                ho = ho.sort("ts").join_asof(st, left_on="ts", right_on="_sts", by="source", strategy="backward")
+            ho = ho.with_columns(pl.coalesce("step", pl.when(pl.col("ts") < pl.col("_send")).then(pl.col("_sstep"))).alias("step"))
     keys = (ev.filter(pl.col("cache_key").is_not_null() & pl.col("kind").is_in(["cache_hit", "cache_miss"]))
             .select("rank", "cache_key", pl.col("compile_id").alias("_kcid")).unique(subset=["rank", "cache_key"], keep="first"))
     ho = ho.join(keys, on=["rank", "cache_key"], how="left", nulls_equal=True)
@@ -145,7 +170,7 @@ def graph_break_cost(run: Run) -> pl.DataFrame:
     if regions is None:
         regions = compiled_regions(run)
     reg = regions.filter(pl.col("what") == "region")
-    steps = run.table("steps")
+    steps = _steps(run)
     n_steps = steps.group_by("rank").agg(pl.col("step").n_unique().alias("n_steps"))
     traced_ranks = reg.select("rank").unique().with_columns(pl.lit(True).alias("traced"))
     per = reg.filter(pl.col("step").is_not_null()).group_by("rank", "compile_id").agg(
@@ -192,7 +217,7 @@ def compile_cache_divergence(run: Run) -> pl.DataFrame:
     """The same compile id (and the same FX graph within it, in order) with different FX graph cache keys on
     different ranks: one row per rank off the majority key, naming the key components that differ and their
     values on that rank and on the majority."""
-    schema = {"rank": pl.Int32, "compile_id": pl.Utf8, "graph_seq": pl.Int64, "cache_key": pl.Utf8,
+    schema = {"rank": pl.Int32, "compile_id": pl.Utf8, "graphs": pl.Utf8, "n_graphs": pl.Int64, "cache_key": pl.Utf8,
               "majority_key": pl.Utf8, "majority_ranks": pl.Utf8, "n_ranks": pl.UInt32, "n_differing": pl.Int64,
               "differing": pl.Utf8, "differing_values": pl.Utf8}
     ev = run.tables.get("compile_evidence")
@@ -204,11 +229,13 @@ def compile_cache_divergence(run: Run) -> pl.DataFrame:
         return pl.DataFrame(schema=schema)
     c = c.with_columns(_detail_field("seq", pl.Int64).alias("graph_seq")).unique(
         subset=["rank", "compile_id", "graph_seq"], keep="first")
-    keyed = c.group_by("compile_id", "graph_seq", "cache_key").agg(pl.col("rank").sort().alias("ranks"), pl.len().alias("n"))
+    keyed = c.group_by("compile_id", "graph_seq", "cache_key").agg(
+        pl.col("rank").sort().alias("ranks"), pl.len().alias("n"), pl.col("rank").min().alias("_lo"))
+    # the reference key: the one most ranks have; a tie goes to the key of the lowest rank
     groups = keyed.group_by("compile_id", "graph_seq").agg(
         pl.col("cache_key").n_unique().alias("n_keys"),
-        pl.col("cache_key").sort_by(["n", "cache_key"], descending=[True, False]).first().alias("majority_key"),
-        pl.col("ranks").sort_by(["n", "cache_key"], descending=[True, False]).first().alias("_maj_ranks"),
+        pl.col("cache_key").sort_by(["n", "_lo"], descending=[True, False]).first().alias("majority_key"),
+        pl.col("ranks").sort_by(["n", "_lo"], descending=[True, False]).first().alias("_maj_ranks"),
         pl.col("n").sum().alias("n_ranks"),
     ).filter(pl.col("n_keys") > 1)
     if groups.height == 0:
@@ -216,24 +243,35 @@ def compile_cache_divergence(run: Run) -> pl.DataFrame:
     odd = c.join(groups, on=["compile_id", "graph_seq"]).filter(pl.col("cache_key") != pl.col("majority_key"))
     comps = {(r["rank"], r["compile_id"], r["graph_seq"]): r["components"] for r in
              c.select("rank", "compile_id", "graph_seq", "components").iter_rows(named=True)}
-    rows = []
-    for r in odd.iter_rows(named=True):
+    per: dict[tuple, dict] = {}  # one row per rank and compile id, over all its FX graphs that differ
+    for r in odd.sort("graph_seq").iter_rows(named=True):
         maj_rank = r["_maj_ranks"][0]
         mine = _load(comps.get((r["rank"], r["compile_id"], r["graph_seq"])))
         theirs = _load(comps.get((maj_rank, r["compile_id"], r["graph_seq"])))
+        acc = per.setdefault((r["rank"], r["compile_id"]), {
+            "rank": r["rank"], "compile_id": r["compile_id"], "graphs": [], "cache_key": r["cache_key"],
+            "majority_key": r["majority_key"], "majority_ranks": ",".join(str(x) for x in r["_maj_ranks"]),
+            "n_ranks": r["n_ranks"], "names": {}, "unknown": False})
+        acc["graphs"].append(str(r["graph_seq"]))
         if mine is None or theirs is None:
-            names, values = ["unknown (no key components logged)"], []
+            acc["unknown"] = True
+            continue
+        for n in sorted(set(mine) | set(theirs)):
+            if (mine.get(n) or {}).get("hash") != (theirs.get(n) or {}).get("hash") and n not in acc["names"]:
+                acc["names"][n] = (f"{n}: {_short(n, (mine.get(n) or {}).get('value'))} (rank {r['rank']}) vs "
+                                   f"{_short(n, (theirs.get(n) or {}).get('value'))} (rank {maj_rank})")
+    rows = []
+    for acc in per.values():
+        names = list(acc["names"])
+        if acc["unknown"] and not names:
+            names_txt, values_txt = "unknown (no key components logged)", "unknown (no key components logged)"
         else:
-            names = sorted(n for n in set(mine) | set(theirs)
-                           if (mine.get(n) or {}).get("hash") != (theirs.get(n) or {}).get("hash"))
-            values = [f"{n}: {_short(n, (mine.get(n) or {}).get('value'))} (rank {r['rank']}) vs "
-                      f"{_short(n, (theirs.get(n) or {}).get('value'))} (rank {maj_rank})" for n in names]
-        rows.append({"rank": r["rank"], "compile_id": r["compile_id"], "graph_seq": r["graph_seq"],
-                     "cache_key": r["cache_key"], "majority_key": r["majority_key"],
-                     "majority_ranks": ",".join(str(x) for x in r["_maj_ranks"]), "n_ranks": r["n_ranks"],
-                     "n_differing": len(names) if values else None, "differing": ", ".join(names),
-                     "differing_values": "; ".join(values)})
-    return pl.DataFrame(rows, schema=schema).sort("compile_id", "graph_seq", "rank")
+            names_txt, values_txt = ", ".join(names), "; ".join(acc["names"].values())
+        rows.append({"rank": acc["rank"], "compile_id": acc["compile_id"], "graphs": ",".join(acc["graphs"]),
+                     "n_graphs": len(acc["graphs"]), "cache_key": acc["cache_key"], "majority_key": acc["majority_key"],
+                     "majority_ranks": acc["majority_ranks"], "n_ranks": acc["n_ranks"],
+                     "n_differing": len(names) if names else None, "differing": names_txt, "differing_values": values_txt})
+    return pl.DataFrame(rows, schema=schema).sort("compile_id", "rank")
 
 
 def _load(s: str | None) -> dict | None:
@@ -318,7 +356,7 @@ def compile_time(run: Run) -> pl.DataFrame:
     if c.height == 0:
         return pl.DataFrame(schema=schema)
     per = c.group_by("rank").agg((pl.col("dur").sum() / 1e9).alias("compile_s"), pl.col("compile_id").n_unique().alias("compiles"))
-    steps = run.table("steps")
+    steps = _steps(run)
     st = steps.group_by("rank").agg((pl.col("dur").sum() / 1e9).alias("steps_s"), pl.col("step").n_unique().alias("n_steps"))
     out = per.join(st, on="rank", how="left").with_columns(
         pl.when(pl.col("steps_s") > 0).then(100 * pl.col("compile_s") / (pl.col("compile_s") + pl.col("steps_s"))).alias("share_pct"),
