@@ -174,10 +174,12 @@ def load_rule(path: Path) -> Rule:
 
 def default_rules_dir() -> Path:
     """rules/ beside the package (a source checkout or an editable install), else the copy shipped in the package."""
+    import sys
+
     here = Path(__file__).resolve().parents[2] / "rules"
-    if here.is_dir():
+    if here.is_dir() and any(here.glob("TQL*.yaml")):
         return here
-    return Path(__file__).resolve().parents[1] / "rule_pack"
+    return Path(sys.prefix) / "share" / "traceql" / "rules"
 
 
 def load_rules(dirs: list[Path] | None = None) -> list[Rule]:
