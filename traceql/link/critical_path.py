@@ -1,0 +1,257 @@
+"""Per step, across ranks: the chain of GPU activity that bounds the step, and where its time went.
+
+Algorithm (times on the aligned clock, link.clock):
+1. The step ends with its latest-ending kernel over all ranks; that kernel's rank bounds the step.
+2. Walk back from it. At each kernel K the predecessors are the graph's: the previous activity on its device (the
+   latest-ending kernel that ended before K started: the stream edge, or a cross-stream dependency), its launch
+   call (launch edge), and, for a collective kernel, the collective's last-arriving rank (peer edge). The walk
+   takes the latest-finishing predecessor:
+   - K is a collective kernel and another rank arrived after K started: K's time before that arrival was spent
+     waiting; the path jumps to the last arriver's collective kernel (wait is charged to that rank's path, not
+     here), and K's time after the arrival is exposed communication.
+   - otherwise K's time is compute (compute, memcpy, memset kernels) or exposed communication (comm kernels: on
+     the path, so nothing else ran beside it that bounds the step).
+   - the gap between K's start and the end of the previous activity on the device is host launch time when K's
+     launch call ended after that activity did (the GPU waited for the host to launch K), else idle.
+3. The walk stops at the start of the step on the rank it is on (its ProfilerStep start, aligned); the gap from
+   there to the first kernel on the path is host launch time when that kernel's launch ended after the step
+   started, else idle.
+So step_ms = compute_ms + exposed_comm_ms + host_launch_ms + idle_ms, measured from the start of the step on the
+rank where the walk ended to the end of the step's last kernel.
+
+Ranks without GPU activity (gloo on CPU) have no kernels: their steps have no critical path here (run.notes says
+so); their waits are in collective_instances.
+
+Also here: exposed_comm (per rank and step, from link.breakdown's step_breakdown) and launch_bound (per rank and
+step: gaps in GPU activity where the next kernel had not been launched yet, the measure TQL203 reads).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import polars as pl
+
+from traceql.model import Run
+
+CP_SCHEMA = {"step": pl.Int64, "rank": pl.Int32, "ranks_on_path": pl.List(pl.Int32), "step_ms": pl.Float64,
+             "compute_ms": pl.Float64, "exposed_comm_ms": pl.Float64, "host_launch_ms": pl.Float64, "idle_ms": pl.Float64,
+             "exposed_comm_pct": pl.Float64, "host_launch_pct": pl.Float64, "path_kernels": pl.Int64, "rank_jumps": pl.Int64,
+             "last_kernel": pl.Utf8}
+
+
+def _note(run: Run, text: str) -> None:
+    if text not in run.notes:
+        run.notes.append(text)
+
+
+def _kernels_aligned(run: Run) -> pl.DataFrame:
+    from traceql.link import clock, ensure
+
+    k = run.table("kernels").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("rank").is_not_null())
+    if k.height == 0:
+        return k
+    k = k.with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32))
+    rt = run.table("runtime").filter(pl.col("correlation").is_not_null()).select(
+        pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "correlation", "pid",
+        pl.col("ts").alias("launch_ts"), pl.col("end").alias("launch_end"))
+    r1 = rt.unique(["rank", "source", "correlation"], keep="first").drop("pid")
+    k = k.join(r1, on=["rank", "source", "correlation"], how="left", maintain_order="left")
+    if run.has("collectives"):
+        offsets = ensure(run, "clock_offsets")
+        k = clock.align(k, offsets, ["ts", "end", "launch_ts", "launch_end"])
+    return k
+
+
+def _collective_waits(run: Run, k: pl.DataFrame) -> dict[int, tuple[int, int]]:
+    """kernel row -> (arrival of the last arriver, row of the last arriver's collective kernel), where another rank
+    arrived after this collective kernel started."""
+    from traceql.link import ensure
+
+    if not run.has("collectives"):
+        return {}
+    m = ensure(run, "collective_matches").filter(pl.col("kernel_ts").is_not_null())
+    ci = ensure(run, "collective_instances").select("rank", "match_id", "arrival", "last_arriver", "n_ranks")
+    if m.height == 0:
+        return {}
+    ki = k.with_row_index("_row").select("_row", "rank", "source", "kind", pl.col("ts").alias("_ats"))
+    # collective kernel start on the raw clock (collectives.kernel_ts) -> aligned kernel row
+    raw = run.table("kernels").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("rank").is_not_null()) \
+        .with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32)).with_row_index("_row") \
+        .filter(pl.col("kind") == "comm").select("_row", "rank", "source", pl.col("ts").alias("kernel_ts"))
+    mk = m.select("rank", "source", "match_id", "kernel_ts").join(raw, on=["rank", "source", "kernel_ts"], how="inner") \
+        .unique(["rank", "match_id"], keep="first").join(ci, on=["rank", "match_id"], how="inner").filter(pl.col("n_ranks") >= 2)
+    last = mk.filter(pl.col("rank") == pl.col("last_arriver")).select("match_id", pl.col("_row").alias("_lrow"),
+                                                                       pl.col("arrival").alias("_larr"))
+    j = mk.join(last, on="match_id", how="inner").join(ki.select("_row", "_ats"), on="_row", how="inner").filter(
+        (pl.col("rank") != pl.col("last_arriver")) & (pl.col("_larr") > pl.col("_ats")))
+    return {r: (a, lr) for r, a, lr in j.select("_row", "_larr", "_lrow").iter_rows()}
+
+
+def critical_path(run: Run) -> pl.DataFrame:
+    k = _kernels_aligned(run)
+    if k.height == 0:
+        if run.has("steps"):
+            _note(run, "critical_path: no GPU activity in the run (host-only backends such as gloo on CPU); not computed")
+        return pl.DataFrame(schema=CP_SCHEMA)
+    from traceql.link import clock, ensure
+
+    steps = run.table("steps").filter(pl.col("ts").is_not_null())
+    if run.has("collectives") and steps.height:
+        steps = clock.align(steps.with_columns(pl.col("rank").cast(pl.Int32)), ensure(run, "clock_offsets"), ["ts", "end"])
+    step_start = {(r, s): t for r, s, t in steps.group_by("rank", "step").agg(pl.col("ts").min()).iter_rows()}
+    waits = _collective_waits(run, k)
+
+    rank = k["rank"].to_list()
+    dev = k["device"].fill_null(-1).to_list()
+    src = k["source"].to_list()
+    ts = k["ts"].to_list()
+    end = k["end"].to_list()
+    kind = k["kind"].to_list()
+    step = k["step"].to_list()
+    lend = k["launch_end"].to_list()
+    name = k["name"].to_list()
+    # per device (rank, source, device): rows sorted by end, to find the latest activity that ended before a start
+    by_dev: dict[tuple, tuple[list, list]] = {}
+    order = sorted(range(len(ts)), key=lambda i: (rank[i], src[i], dev[i], end[i]))
+    for i in order:
+        key = (rank[i], src[i], dev[i])
+        e = by_dev.setdefault(key, ([], []))
+        e[0].append(end[i])
+        e[1].append(i)
+
+    def prev_on_device(i: int, t: int) -> int | None:
+        ends, rows = by_dev[(rank[i], src[i], dev[i])]
+        j = bisect.bisect_right(ends, t) - 1
+        while j >= 0 and rows[j] == i:
+            j -= 1
+        return rows[j] if j >= 0 else None
+
+    # the last kernel of each step over all ranks
+    last = (
+        k.with_row_index("_row").filter(pl.col("step").is_not_null())
+        .sort("end", descending=True).unique("step", keep="first").select("step", "_row")
+    )
+    rows = []
+    for s, i in last.sort("step").iter_rows():
+        comp = comm = launch = idle = 0
+        t = end[i]
+        t_end = end[i]
+        on_path = {rank[i]}
+        n_path = jumps = 0
+        cur = i
+        start_rank = rank[i]
+        guard = 0
+        while cur is not None and guard < 10_000_000:
+            guard += 1
+            n_path += 1
+            w = waits.get(cur)
+            if w is not None and w[0] < t:
+                # a collective kernel that waited for a later rank: the time after that rank's arrival is
+                # exposed communication; the path goes on from the last arriver's collective kernel
+                arr, lrow = w
+                comm += t - max(arr, ts[cur])
+                jumps += 1
+                on_path.add(rank[lrow])
+                cur = lrow
+                t = ts[cur]
+            else:
+                dur = max(0, min(t, end[cur]) - ts[cur])
+                if kind[cur] == "comm":
+                    comm += dur
+                else:
+                    comp += dur
+            seg_start = ts[cur]
+            w0 = step_start.get((rank[cur], s))
+            p = prev_on_device(cur, seg_start)
+            p_end = end[p] if p is not None else None
+            if w0 is not None and (p_end is None or p_end <= w0):
+                # reached the start of the step on this rank
+                gap = max(0, seg_start - w0)
+                if lend[cur] is not None and lend[cur] > w0:
+                    launch += gap
+                else:
+                    idle += gap
+                t = w0
+                break
+            if p is None:
+                t = seg_start
+                break
+            gap = max(0, seg_start - p_end)
+            if lend[cur] is not None and lend[cur] > p_end:
+                launch += gap
+            else:
+                idle += gap
+            t = p_end
+            cur = p
+        total = t_end - t
+        rows.append({
+            "step": s, "rank": start_rank, "ranks_on_path": sorted(on_path), "step_ms": total / 1e6,
+            "compute_ms": comp / 1e6, "exposed_comm_ms": comm / 1e6, "host_launch_ms": launch / 1e6, "idle_ms": idle / 1e6,
+            "exposed_comm_pct": 100.0 * comm / total if total > 0 else None,
+            "host_launch_pct": 100.0 * launch / total if total > 0 else None,
+            "path_kernels": n_path, "rank_jumps": jumps, "last_kernel": name[i],
+        })
+    if not rows:
+        return pl.DataFrame(schema=CP_SCHEMA)
+    return pl.DataFrame(rows, schema=CP_SCHEMA)
+
+
+def exposed_comm(run: Run) -> pl.DataFrame:
+    """Per rank and step: communication kernel time, the part hidden under compute, the exposed rest, and the
+    exposed share of the step (from link.breakdown's step_breakdown)."""
+    from traceql.link import ensure
+
+    b = ensure(run, "step_breakdown")
+    if b.height == 0:
+        return pl.DataFrame(schema={"rank": pl.Int32, "step": pl.Int64, "step_ms": pl.Float64, "comm_ms": pl.Float64,
+                                    "overlap_ms": pl.Float64, "exposed_comm_ms": pl.Float64, "exposed_pct_of_step": pl.Float64})
+    return b.select(
+        "rank", "step", "step_ms", "comm_ms", "overlap_ms", "exposed_comm_ms",
+        (pl.when(pl.col("step_ms") > 0).then(100.0 * pl.col("exposed_comm_ms") / pl.col("step_ms"))).alias("exposed_pct_of_step"),
+    )
+
+
+def launch_bound(run: Run) -> pl.DataFrame:
+    """Per rank and step: how much of the step the GPU sat idle because the next kernel had not been launched yet.
+
+    On each device, in start order, a kernel's gap is the time from the end of all earlier activity on the device to
+    its start. The gap is launch-bound when the kernel's launch call began after the device went idle: the launch
+    queue was empty, so the GPU was waiting on the host. Kernels and their launches are on one rank's clock.
+    """
+    schema = {"rank": pl.Int32, "step": pl.Int64, "step_ms": pl.Float64, "kernels": pl.Int64, "median_kernel_us": pl.Float64,
+              "busy_ms": pl.Float64, "gap_ms": pl.Float64, "launch_gap_ms": pl.Float64, "launch_gap_pct": pl.Float64,
+              "launch_gaps": pl.Int64, "busy_pct": pl.Float64}
+    k = run.table("kernels").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("step").is_not_null())
+    if k.height == 0:
+        return pl.DataFrame(schema=schema)
+    rt = run.table("runtime").filter(pl.col("correlation").is_not_null()).select(
+        "rank", "source", "correlation", pl.col("ts").alias("_lts")).unique(["rank", "source", "correlation"], keep="first")
+    k = k.join(rt, on=["rank", "source", "correlation"], how="left")
+    by = ["rank", "source", pl.col("device").fill_null(-1)]
+    k = k.sort(["rank", "source", "device", "ts"]).with_columns(
+        pl.col("end").cum_max().shift(1).over(by).alias("_busy_until"))
+    k = k.with_columns((pl.col("ts") - pl.col("_busy_until")).clip(lower_bound=0).alias("_gap"))
+    k = k.with_columns(((pl.col("_gap") > 0) & pl.col("_lts").is_not_null() & (pl.col("_lts") >= pl.col("_busy_until"))).fill_null(False).alias("_lb"))
+    per = ["rank", "step"]
+    out = k.group_by(per).agg(
+        pl.len().cast(pl.Int64).alias("kernels"),
+        (pl.col("dur").median() / 1e3).alias("median_kernel_us"),
+        (pl.col("_gap").sum() / 1e6).alias("gap_ms"),
+        (pl.col("_gap").filter(pl.col("_lb")).sum() / 1e6).alias("launch_gap_ms"),
+        pl.col("_lb").sum().cast(pl.Int64).alias("launch_gaps"),
+    )
+    from traceql.rules import measures
+
+    busy = measures.union(k.select("rank", "step", "ts", "end", "dur"), per).select(*per, pl.col("union_ms").alias("busy_ms"))
+    st = run.table("steps").group_by("rank", "step").agg((pl.col("dur").max() / 1e6).alias("step_ms"))
+    out = out.join(busy, on=per, how="left").join(st.with_columns(pl.col("rank").cast(out.schema["rank"])), on=per, how="left")
+    out = out.with_columns(
+        pl.when(pl.col("step_ms") > 0).then(100.0 * pl.col("launch_gap_ms") / pl.col("step_ms")).alias("launch_gap_pct"),
+        pl.when(pl.col("step_ms") > 0).then(100.0 * pl.col("busy_ms") / pl.col("step_ms")).alias("busy_pct"),
+    )
+    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort(per)
+
+
+DERIVED = {"critical_path": critical_path, "exposed_comm": exposed_comm, "launch_bound": launch_bound}
+NEEDS = {"critical_path": ["kernels"], "exposed_comm": ["kernels"], "launch_bound": ["kernels", "runtime"]}
