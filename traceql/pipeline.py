@@ -64,12 +64,12 @@ def check(
 
 class _Bar:
     def __init__(self, total: int):
+        from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn
 
-        self.p = Progress(TextColumn("ingest"), BarColumn(), TextColumn("{task.completed}/{task.total} {task.description}"), transient=True, console=None)
-        from rich.console import Console
-
-        self.p.console = Console(file=sys.stderr)
+        # the console is fixed at construction (Progress.console has no setter): stderr, never stdout
+        self.p = Progress(TextColumn("ingest"), BarColumn(), TextColumn("{task.completed}/{task.total} {task.description}"),
+                          transient=True, console=Console(file=sys.stderr))
         self.task = self.p.add_task("", total=total)
         self.p.start()
 
