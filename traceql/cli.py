@@ -218,6 +218,11 @@ def rules_test(rule_ids, rules_dirs, root):
 
 def _register_optional():
     try:
+        from traceql.link.graph_cli import graph_command
+        main.add_command(graph_command)
+    except ImportError:
+        pass
+    try:
         from traceql.capture.cli import capture
     except ImportError:
         return
