@@ -64,6 +64,7 @@ def _read_bytes(path: Path) -> tuple[bytes, str]:
 
 
 _CTRL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+_NONSPACE = re.compile(rb"\S")
 
 
 def _escape_ctrl(data: bytes) -> tuple[bytes, int]:
@@ -121,7 +122,7 @@ def _salvage(data: bytes) -> tuple[object, int] | None:
 def _parse(path: Path, source: Source) -> tuple[dict, list]:
     data, gz_note = _read_bytes(path)
     notes = [gz_note] if gz_note else []
-    if not data.strip():
+    if not _NONSPACE.search(data):
         if gz_note:
             raise IngestError(f"{path.name}: {gz_note} and nothing decompressed; re-copy the file")
         raise IngestError(f"{path.name}: empty file; re-export the trace (torch.profiler export_chrome_trace)")
@@ -185,6 +186,19 @@ _SYNC_CATS = {"cuda_sync"}
 # Device-side or synthetic ranges that are neither kernels nor host ops.
 _SKIP_CATS = {"gpu_user_annotation", "cuda_profiler_range", "mtia_ccp_events", "critical_path"}
 _FLOW_PH = {"s", "f", "t"}
+
+
+def _bucket(cat) -> str:
+    c = cat.lower() if type(cat) is str else ""
+    if c in _KERNEL_CATS:
+        return "k"
+    if c in _RUNTIME_CATS:
+        return "r"
+    if c in _SYNC_CATS:
+        return "s"
+    if c in _SKIP_CATS:
+        return "skip"
+    return "h"
 
 _SYNC_KIND = [
     ("stream wait event", "stream_wait_event"),
@@ -298,22 +312,48 @@ def _kernel_collective_expr(name: pl.Expr) -> pl.Expr:
 # Column helpers
 
 
-def _ns(values: list) -> list:
-    """Float microseconds -> int nanoseconds, once. Non-numbers become None."""
-    out = []
-    for v in values:
-        try:
-            x = round(v * 1000)
-            out.append(x if -_I64 <= x < _I64 else None)
-        except (TypeError, ValueError, OverflowError):
-            if isinstance(v, str):
-                try:
-                    out.append(round(float(v) * 1000))
-                    continue
-                except ValueError:
-                    pass
-            out.append(None)
-    return out
+def _ns(values: list) -> pl.Series:
+    """Float (or int) microseconds -> int64 nanoseconds, once, in Rust. Non-numbers and out-of-range values -> null.
+
+    Integer microseconds convert exactly; floats convert their whole and fractional parts apart, so that epoch-scale
+    timestamps keep every nanosecond the float carried.
+    """
+    s = pl.Series(values, strict=False)
+    if s.dtype == pl.String:
+        s = s.cast(pl.Float64, strict=False)
+    if s.dtype == pl.Null or s.dtype == pl.Boolean:
+        return pl.Series(values=[None] * len(values), dtype=pl.Int64)
+    if s.dtype.is_integer():
+        s = s.cast(pl.Int64, strict=False)  # Int128 (beyond int64) -> null
+        return s.set(~(s.abs() < 9_223_372_036_854_775).fill_null(True), None) * 1000
+    s = s.cast(pl.Float64, strict=False)
+    s = s.set(~(s.abs() < 9.2e15).fill_null(True), None)  # beyond int64 ns, or NaN
+    whole = s.floor()
+    return whole.cast(pl.Int64) * 1000 + ((s - whole) * 1000).round().cast(pl.Int64)
+
+
+def _int1(v) -> int | None:
+    """One value as int64, for the few per-row fields (collective args)."""
+    if type(v) is int:
+        return v if -_I64 <= v < _I64 else None
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, float):
+        return int(v) if v == v and abs(v) < 9e18 else None
+    try:
+        return int(str(v), 0)
+    except ValueError:
+        return None
+
+
+def _ints(values: list) -> pl.Series:
+    """A column of int64 in Rust; the rare values it cannot take (strings, huge ints) are redone one by one."""
+    s = pl.Series(values, dtype=pl.Int64, strict=False)
+    nulls = s.null_count()
+    if nulls and nulls != values.count(None):
+        bad = s.is_null().arg_true().to_list()
+        s = s.scatter(bad, pl.Series([_int1(values[i]) for i in bad], dtype=pl.Int64)) if bad else s
+    return s
 
 
 class _Ids:
@@ -322,91 +362,75 @@ class _Ids:
     def __init__(self):
         self.strings: dict[str, int] = {}
 
-    def col(self, values: list) -> list:
-        out = []
-        for v in values:
-            if type(v) is int:
-                out.append(v if -(1 << 63) <= v < (1 << 63) else None)
-            elif v is None:
-                out.append(None)
-            else:
-                s = str(v)
-                if s.lstrip("-").isdigit():
-                    out.append(int(s))
-                else:
-                    out.append(self.strings.setdefault(s, -1 - len(self.strings)))
-        return out
-
-
-def _int_col(values: list) -> list:
-    out = []
-    for v in values:
+    def one(self, v):
         if type(v) is int:
-            out.append(v if -(1 << 63) <= v < (1 << 63) else None)
-        elif v is None or isinstance(v, bool):
-            out.append(None)
-        elif isinstance(v, float):
-            out.append(int(v) if v == v and abs(v) < 9e18 else None)
-        else:
-            try:
-                out.append(int(str(v), 0))
-            except ValueError:
-                out.append(None)
-    return out
+            return v if -_I64 <= v < _I64 else None
+        if v is None:
+            return None
+        t = str(v)
+        if t.lstrip("-").isdigit():
+            return _int1(t)
+        return self.strings.setdefault(t, -1 - len(self.strings))
+
+    def col(self, values: list) -> pl.Series:
+        s = pl.Series(values, dtype=pl.Int64, strict=False)
+        if s.null_count():
+            bad = [i for i in s.is_null().arg_true().to_list() if values[i] is not None]
+            if bad:
+                s = s.scatter(bad, pl.Series([self.one(values[i]) for i in bad], dtype=pl.Int64))
+        return s
 
 
-def _arg(events: list, *keys) -> list:
-    """One args field per event, trying each spelling in turn (no schema inferred from the first rows)."""
-    out = []
-    for e in events:
-        a = e.get("args")
-        v = None
-        if a:
-            for k in keys:
-                v = a.get(k)
-                if v is not None:
-                    break
-        out.append(v)
-    return out
+_NOARGS: dict = {}
 
 
-def _str_col(values: list) -> list:
-    return [v if v is None or type(v) is str else str(v) for v in values]
+def _args(events: list) -> list:
+    return [e.get("args") or _NOARGS for e in events]
+
+
+def _arg(args: list, key: str, alt: str | None = None) -> list:
+    """One args field per event (no schema inferred from the first rows: every event is asked)."""
+    if alt is None:
+        return [a.get(key) for a in args]
+    return [a[key] if key in a else a.get(alt) for a in args]
+
+
+def _str_col(values: list) -> pl.Series:
+    s = pl.Series(values, dtype=pl.String, strict=False)
+    if s.null_count() != values.count(None):
+        s = pl.Series([v if v is None or type(v) is str else str(v) for v in values], dtype=pl.String)
+    return s
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Tables
 
 
-def _spans(events: list) -> tuple[list, list, list]:
+def _spans(events: list) -> tuple[pl.Series, pl.Series, pl.Series]:
     ts = _ns([e.get("ts") for e in events])
     dur = _ns([e.get("dur", 0) for e in events])
-    end = [t + d if t is not None and d is not None else None for t, d in zip(ts, dur)]
-    return ts, dur, end
+    return ts, dur, ts + dur
 
 
 def _kernels(evs: list, idx: list, ids: _Ids) -> pl.DataFrame:
     if not evs:
         return None
     ts, dur, end = _spans(evs)
-    cats = [(e.get("cat") or "").lower() for e in evs]
-    dev = _int_col(_arg(evs, "device"))
-    pid = ids.col([e.get("pid") for e in evs])
-    stream = _int_col(_arg(evs, "stream"))
-    tid = ids.col([e.get("tid") for e in evs])
+    cats = _str_col([e.get("cat") for e in evs]).str.to_lowercase()
+    a = _args(evs)
     df = pl.DataFrame(
         {
             "id": idx,
-            "device": [d if d is not None else p for d, p in zip(dev, pid)],
-            "stream": [s if s is not None else t for s, t in zip(stream, tid)],
+            "device": _ints(_arg(a, "device")).fill_null(ids.col([e.get("pid") for e in evs])),
+            "stream": _ints(_arg(a, "stream")).fill_null(ids.col([e.get("tid") for e in evs])),
             "name": _str_col([e.get("name") for e in evs]),
             "cat": cats,
             "ts": ts,
             "dur": dur,
             "end": end,
-            "correlation": _int_col(_arg(evs, "correlation")),
-            "external_id": _int_col(_arg(evs, "External id", "external id")),
-            "bytes": _int_col(_arg(evs, "bytes")),
+            "correlation": _ints(_arg(a, "correlation")),
+            "external_id": _ints(_arg(a, "External id", "external id")),
+            "bytes": _ints(_arg(a, "bytes")),
         },
         schema_overrides={"id": pl.Int64, "device": pl.Int64, "stream": pl.Int64, "ts": pl.Int64, "dur": pl.Int64,
                           "end": pl.Int64, "correlation": pl.Int64, "external_id": pl.Int64, "bytes": pl.Int64},
@@ -436,10 +460,16 @@ def _kernels(evs: list, idx: list, ids: _Ids) -> pl.DataFrame:
     ).drop("cat")
 
 
-def _nest(pid: list, tid: list, ts: list, end: list, ids: list) -> tuple[list, list]:
+def _nest(pid: pl.Series, tid: pl.Series, ts: pl.Series, end: pl.Series, ids: list) -> tuple[list, list]:
     """Parent id and depth of each interval by a per-thread stack sweep over intervals sorted by (start, -end)."""
     n = len(ids)
-    order = sorted(range(n), key=lambda i: (pid[i] or 0, tid[i] or 0, ts[i] or 0, -(end[i] or 0)))
+    order = (
+        pl.DataFrame({"p": pid, "t": tid, "s": ts, "e": end})
+        .with_row_index("i")
+        .sort(["p", "t", "s", "e"], descending=[False, False, False, True], nulls_last=True)["i"]
+        .to_list()
+    )
+    pid, tid, ts, end = pid.to_list(), tid.to_list(), ts.to_list(), end.to_list()
     parent = [None] * n
     depth = [0] * n
     stack_end: list = []
@@ -502,6 +532,7 @@ def _host_ops(evs: list, idx: list, ids: _Ids) -> pl.DataFrame | None:
     pid = ids.col([e.get("pid") for e in evs])
     tid = ids.col([e.get("tid") for e in evs])
     parent, depth = _nest(pid, tid, ts, end, idx)
+    a = _args(evs)
     return pl.DataFrame(
         {
             "id": idx,
@@ -514,7 +545,7 @@ def _host_ops(evs: list, idx: list, ids: _Ids) -> pl.DataFrame | None:
             "dur": dur,
             "parent": parent,
             "depth": depth,
-            "external_id": _int_col(_arg(evs, "External id", "external id")),
+            "external_id": _ints(_arg(a, "External id", "external id")),
         },
         schema_overrides={"id": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "ts": pl.Int64, "end": pl.Int64,
                           "dur": pl.Int64, "parent": pl.Int64, "depth": pl.Int32, "external_id": pl.Int64},
@@ -525,6 +556,7 @@ def _runtime(evs: list, idx: list, ids: _Ids) -> pl.DataFrame | None:
     if not evs:
         return None
     ts, dur, end = _spans(evs)
+    a = _args(evs)
     df = pl.DataFrame(
         {
             "id": idx,
@@ -534,8 +566,8 @@ def _runtime(evs: list, idx: list, ids: _Ids) -> pl.DataFrame | None:
             "ts": ts,
             "end": end,
             "dur": dur,
-            "correlation": _int_col(_arg(evs, "correlation")),
-            "external_id": _int_col(_arg(evs, "External id", "external id")),
+            "correlation": _ints(_arg(a, "correlation")),
+            "external_id": _ints(_arg(a, "External id", "external id")),
         },
         schema_overrides={"id": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "ts": pl.Int64, "end": pl.Int64,
                           "dur": pl.Int64, "correlation": pl.Int64, "external_id": pl.Int64},
@@ -548,25 +580,24 @@ def _syncs(evs: list, idx: list, ids: _Ids) -> pl.DataFrame | None:
     if not evs:
         return None
     ts, dur, end = _spans(evs)
+    a = _args(evs)
     kinds = []
-    for k in _arg(evs, "cuda_sync_kind"):
+    for k in _arg(a, "cuda_sync_kind"):
         s = (k or "").lower()
         kinds.append(next((v for pat, v in _SYNC_KIND if pat in s), "other" if s else None))
     names = [e.get("name") for e in evs]
     kinds = [k or next((v for pat, v in _SYNC_KIND if pat in (n or "").lower()), "other") for k, n in zip(kinds, names)]
-    dev = _int_col(_arg(evs, "device"))
-    pid = ids.col([e.get("pid") for e in evs])
     return pl.DataFrame(
         {
             "id": idx,
-            "device": [d if d is not None else p for d, p in zip(dev, pid)],
-            "stream": _int_col(_arg(evs, "stream")),
+            "device": _ints(_arg(a, "device")).fill_null(ids.col([e.get("pid") for e in evs])),
+            "stream": _ints(_arg(a, "stream")),
             "kind": kinds,
             "ts": ts,
             "end": end,
             "dur": dur,
-            "correlation": _int_col(_arg(evs, "correlation")),
-            "event": _int_col(_arg(evs, "wait_on_cuda_event_id", "event")),
+            "correlation": _ints(_arg(a, "correlation")),
+            "event": _ints(_arg(a, "wait_on_cuda_event_id", "event")),
         },
         schema_overrides={"id": pl.Int64, "device": pl.Int64, "stream": pl.Int64, "ts": pl.Int64, "end": pl.Int64,
                           "dur": pl.Int64, "correlation": pl.Int64, "event": pl.Int64},
@@ -580,7 +611,7 @@ def _flows(evs: list, ids: _Ids) -> pl.DataFrame | None:
         {
             "ph": [e.get("ph") for e in evs],
             "kind": _str_col([e.get("cat") or e.get("name") for e in evs]),
-            "flow_id": _int_col([e.get("id") for e in evs]),
+            "flow_id": _ints([e.get("id") for e in evs]),
             "pid": ids.col([e.get("pid") for e in evs]),
             "tid": ids.col([e.get("tid") for e in evs]),
             "ts": _ns([e.get("ts") for e in evs]),
@@ -705,14 +736,14 @@ def _collectives(host: pl.DataFrame | None, host_evs: list, runtime: pl.DataFram
                 kend = k[1] if kend is None else max(kend, k[1])
         if kts is not None and backend is None:
             backend = "nccl"
-        in_n = _int_col([args.get("In msg nelems")])[0]
+        in_n = _int1(args.get("In msg nelems"))
         dtype = args.get("dtype")
         size = _DTYPE_BYTES.get(str(dtype).lower()) if dtype is not None else None
         ranks = args.get("Process Group Ranks")
         seq = None
         for k in ("Seq", "seq", "seq_num", "Seq num", "sequence_number"):
             if args.get(k) is not None:
-                seq = _int_col([args[k]])[0]
+                seq = _int1(args[k])
                 break
         cols["id"].append(hid)
         cols["op"].append(op)
@@ -720,10 +751,10 @@ def _collectives(host: pl.DataFrame | None, host_evs: list, runtime: pl.DataFram
         cols["pg_name"].append(pg_name)
         cols["pg_desc"].append(args.get("Process Group Description"))
         cols["pg_ranks"].append(None if ranks is None else (ranks if isinstance(ranks, str) else orjson.dumps(ranks).decode()))
-        cols["group_size"].append(_int_col([args.get("Group size")])[0])
+        cols["group_size"].append(_int1(args.get("Group size")))
         cols["seq"].append(seq)
         cols["in_nelems"].append(in_n)
-        cols["out_nelems"].append(_int_col([args.get("Out msg nelems")])[0])
+        cols["out_nelems"].append(_int1(args.get("Out msg nelems")))
         cols["dtype"].append(None if dtype is None else str(dtype))
         cols["bytes"].append(in_n * size if in_n is not None and size else None)
         cols["ts"].append(ts)
@@ -825,38 +856,39 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
 def _read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
     header, events = _parse(path, source)
 
-    k_ev, k_i, h_ev, h_i, r_ev, r_i, s_ev, s_i, fl, be = [], [], [], [], [], [], [], [], [], []
-    skipped: dict[str, int] = {}
+    # One pass: route each event by (ph, cat) to its table's bucket; the route of a cat is decided once.
+    buckets: dict[str, list] = {"k": [], "h": [], "r": [], "s": [], "skip": []}
+    route: dict = {}
+    fl, be = [], []
     n_instant = 0
     for i, e in enumerate(events):
         if type(e) is not dict:
             continue
         ph = e.get("ph")
-        if type(ph) is not str:
-            continue
         if ph == "X":
             cat = e.get("cat")
-            c = cat.lower() if type(cat) is str else ""
-            if c in _KERNEL_CATS:
-                k_ev.append(e)
-                k_i.append(i)
-            elif c in _RUNTIME_CATS:
-                r_ev.append(e)
-                r_i.append(i)
-            elif c in _SYNC_CATS:
-                s_ev.append(e)
-                s_i.append(i)
-            elif c in _SKIP_CATS:
-                skipped[c] = skipped.get(c, 0) + 1
-            else:
-                h_ev.append(e)
-                h_i.append(i)
-        elif ph in _FLOW_PH:
+            try:
+                lst = route[cat]
+            except KeyError:
+                lst = route[cat] = buckets[_bucket(cat)]
+            except TypeError:  # an unhashable cat: not a Kineto event
+                continue
+            lst.append(i)
+        elif ph == "s" or ph == "f" or ph == "t":
             fl.append(e)
         elif ph == "B" or ph == "E":
             be.append((i, e))
         elif ph == "i" or ph == "I":
             n_instant += 1
+    k_i, h_i, r_i, s_i = buckets["k"], buckets["h"], buckets["r"], buckets["s"]
+    k_ev = [events[i] for i in k_i]
+    h_ev = [events[i] for i in h_i]
+    r_ev = [events[i] for i in r_i]
+    s_ev = [events[i] for i in s_i]
+    skipped: dict[str, int] = {}
+    for i in buckets["skip"]:
+        c = str(events[i].get("cat")).lower()
+        skipped[c] = skipped.get(c, 0) + 1
     if be:
         for i, x in _pair_be(be):
             h_ev.append(x)
