@@ -218,6 +218,12 @@ def rules_test(rule_ids, rules_dirs, root):
 
 def _register_optional():
     try:
+        from traceql.report.cli import COMMANDS as report_commands
+    except ImportError:
+        report_commands = []
+    for cmd in report_commands:
+        main.add_command(cmd)
+    try:
         from traceql.link.graph_cli import graph_command
         main.add_command(graph_command)
     except ImportError:

@@ -116,6 +116,21 @@ def nccl_comm_checks(run: Run) -> pl.DataFrame:
     ).drop("d", "nn", "detail")
 
 
+def nccl_duplicate_gpu(run: Run) -> pl.DataFrame:
+    """Ranks sharing one GPU: NCCL's own "Duplicate GPU detected" WARN, or two ranks of one comm on one host+busId."""
+    schema = {"rank": pl.List(pl.Int32), "host": pl.Utf8, "bus_id": pl.Utf8, "origin": pl.Utf8}
+    ev = run.table("nccl_events").filter(pl.col("kind") == "duplicate_gpu")
+    out = [ev.select(pl.col("detail").str.json_decode(pl.Struct({"ranks": pl.List(pl.Int32), "bus_id": pl.Utf8,
+                                                                 "host": pl.Utf8})).alias("d"))
+           .select(pl.col("d").struct.field("ranks").list.sort().alias("rank"), pl.col("d").struct.field("host").alias("host"),
+                   pl.col("d").struct.field("bus_id").alias("bus_id"), pl.lit("NCCL WARN").alias("origin"))]
+    cc = nccl_comm_checks(run)
+    if "dup_ranks" in cc.columns:
+        out.append(cc.filter(pl.col("dup_ranks").is_not_null())
+                   .select(pl.col("dup_ranks").alias("rank"), "host", "bus_id", pl.lit("comm init lines").alias("origin")))
+    return pl.concat([o.cast(schema) for o in out]).unique(["rank", "host", "bus_id"], keep="first", maintain_order=True)
+
+
 def nccl_config_diff(run: Run) -> pl.DataFrame:
     schema = {"setting": pl.Utf8, "rank": pl.Int32, "value": pl.Utf8, "majority": pl.Utf8,
               "majority_ranks": pl.Utf8, "odd_ranks": pl.Utf8, "n_ranks": pl.UInt32}
@@ -369,6 +384,7 @@ def nccl_comm_collectives(run: Run) -> pl.DataFrame:
 DERIVED = {
     "nccl_comm_checks": nccl_comm_checks,
     "nccl_config_diff": nccl_config_diff,
+    "nccl_duplicate_gpu": nccl_duplicate_gpu,
     "nccl_init": nccl_init,
     "nccl_error_handling": nccl_error_handling,
     "nccl_errors": nccl_errors,
