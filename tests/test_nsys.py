@@ -476,3 +476,115 @@ def test_matches_nsys_stats():
         k = t["kernels"].filter(pl.col("kind").is_in(["compute", "comm"]))
         assert k.height == want_n, db
         assert abs(k["dur"].sum() - want_ns) <= 0.001 * want_ns, db
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rules TQL204-TQL208 on nsys input (expected counts from SQL over the export)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run_of(path: Path):
+    from traceql.ingest.loader import ingest
+
+    return ingest(path.parent, [Source(path, "nsys", id=0)], use_cache=False)
+
+
+def _findings(run, rule_id: str, **params):
+    from traceql.rules.engine import evaluate
+    from traceql.rules.loader import load_rules
+
+    rule = next(r for r in load_rules([REPO / "rules"]) if r.id == rule_id)
+    res = evaluate(run, rule, params or None)
+    assert res.status == "ran", res.reason
+    return res.findings
+
+
+def _api_copies(path: Path, api_like: str, table: str, extra: str = "") -> dict[int, int]:
+    """Per GPU process (in rank order): copies/sets whose runtime call matches api_like, joined on correlation+pid."""
+    rows = dict(_sql(path, f"""SELECT (g.globalPid >> 24) & 0xFFFFFF, count(*) FROM CUPTI_ACTIVITY_KIND_{table} g
+                               JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = g.correlationId
+                                AND (r.globalTid >> 24) = (g.globalPid >> 24)
+                               JOIN StringIds s ON s.id = r.nameId
+                               WHERE s.value LIKE '{api_like}' {extra} GROUP BY 1"""))
+    return {rank: rows[pid] for rank, pid in enumerate(_gpu_processes(path)) if pid in rows}
+
+
+@needs_corpus
+def test_tql205_pageable_async_memcpy_fires_on_real_export():
+    run = _run_of(MFU)
+    want = _api_copies(MFU, "cudaMemcpy%Async%", "MEMCPY", "AND (g.srcKind = 0 OR g.dstKind = 0)")
+    got = {}
+    for f in _findings(run, "TQL205"):
+        got[f.ranks[0]] = got.get(f.ranks[0], 0) + f.evidence["n"]
+    assert got == want and want
+    assert _findings(run, "TQL204") == []  # every copy in this export is cudaMemcpyAsync
+
+
+@needs_corpus
+def test_tql207_counts_stream_synchronize_per_rank():
+    run = _run_of(MFU)
+    want = {}
+    for rank, pid in enumerate(_gpu_processes(MFU)):
+        want[rank] = _sql(MFU, """SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+                                  WHERE s.value LIKE 'cudaStreamSynchronize%' AND (r.globalTid >> 24) & 0xFFFFFF = ?""",
+                       (pid,))[0][0]
+    got = {f.ranks[0]: f.evidence["n"] for f in _findings(run, "TQL207")}
+    assert got == want
+    assert _findings(run, "TQL207", min_blocked_ms=1e9) == []
+
+
+@needs_corpus
+def test_tql204_fires_when_the_copy_is_synchronous(tmp_path):
+    p = _copy(MOCK, tmp_path)
+    con = sqlite3.connect(p)
+    con.execute("UPDATE StringIds SET value = 'cudaMemcpy_v3020' WHERE value LIKE 'cudaMemcpyAsync%'")
+    con.commit()
+    con.close()
+    fs = _findings(_run_of(p), "TQL204")
+    want = _api_copies(p, "cudaMemcpy%", "MEMCPY", "AND g.copyKind <> 8")
+    assert [(f.ranks, f.evidence["n"], f.evidence["copy_kind"]) for f in fs] == [([0], want[0], "DtoH")]
+
+
+@needs_corpus
+def test_tql206_fires_on_synchronous_memset_of_pinned_memory_only(tmp_path):
+    p = _copy(MFU, tmp_path)
+    con = sqlite3.connect(p)
+    con.execute("UPDATE StringIds SET value = 'cudaMemset_v3020' WHERE value LIKE 'cudaMemsetAsync%'")
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_MEMSET SET memKind = 1 WHERE rowid % 3 = 0")
+    con.commit()
+    con.close()
+    want = _api_copies(p, "cudaMemset%", "MEMSET", "AND g.memKind IN (1, 4)")
+    got = {f.ranks[0]: f.evidence["n"] for f in _findings(_run_of(p), "TQL206")}
+    assert got == want and want
+    assert _findings(_run_of(MFU), "TQL206") == []  # the original: async memsets of device memory
+
+
+@needs_corpus
+def test_gpu_time_util_matches_a_brute_force_chunking():
+    from traceql.link.gpu_util import CHUNKS, gpu_time_util
+
+    run = _run_of(MFU)
+    util = gpu_time_util(run)
+    k = run.tables["kernels"]
+    for (rank, device), ops in k.group_by(["rank", "device"]):
+        spans = list(zip(ops["ts"].to_list(), ops["end"].to_list()))
+        t0, t1 = min(a for a, _ in spans), max(b for _, b in spans)
+        size = -(-(t1 - t0) // CHUNKS)
+        mine = util.filter((pl.col("rank") == rank) & (pl.col("device") == device)).sort("chunk")
+        assert mine.height == CHUNKS
+        for c, busy_ms in zip(mine["chunk"].to_list(), mine["busy_ms"].to_list()):
+            cs, ce = t0 + c * size, min(t0 + (c + 1) * size, t1)
+            busy = sum(max(0, min(b, ce) - max(a, cs)) for a, b in spans)
+            assert abs(busy / 1e6 - busy_ms) < 1e-9
+        assert abs(mine["busy_ms"].sum() * 1e6 - ops["dur"].sum()) < 1  # every op's time lands in some chunk
+
+
+@needs_corpus
+def test_tql208_threshold_is_a_parameter():
+    run = _run_of(MFU)
+    low = _findings(run, "TQL208")
+    assert {tuple(f.ranks) for f in low} <= {(0,), (1,)}
+    assert all(f.evidence["util_pct"] < 50 for f in low)
+    every = _findings(run, "TQL208", max_util_pct=1000.0)
+    assert sorted(f.ranks[0] for f in every) == [0, 1]
