@@ -97,6 +97,10 @@ def collective_matches(run: Run) -> pl.DataFrame:
     if c.height == 0:
         return pl.DataFrame(schema=_MATCH_SCHEMA)
     c = _one_source_per_rank(run, c)
+    sizes = sorted({s.meta["world_size"] for s in run.sources if isinstance(s.meta.get("world_size"), int)})
+    if len(sizes) > 1:
+        _note(run, f"collectives: the traces disagree on the world size ({', '.join(map(str, sizes))}): they may not come "
+                   "from one run; matches across them are not meaningful")
     c = c.with_columns(pl.col("rank").cast(pl.Int32))
     # Members: the trace's rank list (any spelling: "[0, 1]", "0,1", a JSON list), else pg_config's.
     c = c.with_columns(
