@@ -41,7 +41,8 @@ def run_dirs(roots: list[Path]) -> list[Path]:
     out = []
     for root in roots:
         for m in sorted(root.glob("*/manifest.json")):
-            out.append(m.parent)
+            if has_expectations(m.parent):
+                out.append(m.parent)
     return out
 
 
@@ -60,16 +61,37 @@ def check(run: Path, timeout_s: float) -> tuple[dict | None, str, float]:
         return None, f"exit {p.returncode}: {last[:200]}", dt
 
 
+def expectations(manifest: dict) -> tuple[list[dict], bool] | None:
+    """(expected [{rule, ranks}], clean) from a manifest; None when it states no expectations.
+
+    Two shapes exist in fixtures/: `traceql capture`'s {"expected": [{"rule", "ranks"}], "clean"} and the
+    hand-made logs' {"expect": {"fire": [rule ids]}} (ranks unstated: any rank counts)."""
+    if isinstance(manifest.get("expected"), list):
+        exp = manifest["expected"]
+        return exp, bool(manifest.get("clean", not exp))
+    fire = (manifest.get("expect") or {}).get("fire") if isinstance(manifest.get("expect"), dict) else None
+    if isinstance(fire, list):
+        return [{"rule": r, "ranks": []} for r in fire], not fire
+    return None
+
+
+def has_expectations(run: Path) -> bool:
+    try:
+        return expectations(json.loads((run / "manifest.json").read_text())) is not None
+    except (OSError, ValueError):
+        return False
+
+
 def evaluate(run: Path, report: dict | None, error: str, known: set[str]) -> list[dict]:
     """One row per (fixture, rule) pair: status pass | wrong_ranks | missed | not_yet | error, plus alarms."""
     manifest = json.loads((run / "manifest.json").read_text())
+    expected, clean = expectations(manifest)
     name = run.relative_to(REPO).as_posix() if run.is_relative_to(REPO) else str(run)
     findings = (report or {}).get("findings", [])
     by_rule: dict[str, list[dict]] = {}
     for f in findings:
         by_rule.setdefault(f.get("rule"), []).append(f)
     rows = []
-    expected = manifest.get("expected", [])
     expected_ids = {e["rule"] for e in expected}
     for e in expected:
         rule = e["rule"]
@@ -94,7 +116,7 @@ def evaluate(run: Path, report: dict | None, error: str, known: set[str]) -> lis
         serious = [f for f in fs if f.get("severity") in ("warning", "error")]
         if serious:
             alarms[rule] = len(serious)
-    if manifest.get("clean"):
+    if clean:
         status = "error" if report is None else ("pass" if not alarms else "false_alarm")
         rows.append({"fixture": name, "rule": QUIET, "status": status, "alarms": alarms, "error": error})
     else:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from traceql.capture.runner import CaptureError, capture, find_nsys
 
-# (run dir name, scenario, ranks, nsys, lane). On one GPU: ranks=1 runs NCCL (which launches no NCCL kernels at
+# (run dir name, scenario, ranks, nsys, lane[, steps]). On one GPU: ranks=1 runs NCCL (which launches no NCCL kernels at
 # world size 1), ranks=2 runs gloo on the shared GPU (real cross-rank communication, through host copies).
 PLANS = {
     "h200": [
@@ -37,7 +37,14 @@ PLANS = {
         ("h200-recompile-storm", "recompile-storm", 1, False, "b"),
         ("h200-divergent-compile", "divergent-compile", 2, False, "b"),
     ],
+    # A second, small call: the graph break moved out of the loop, a shorter storm, the README demo.
+    "h200-extra": [
+        ("h200-demo", "demo", 2, False, "a"),
+        ("h200-graph-break-hot-loop", "graph-break-hot-loop", 1, False, "b"),
+        ("h200-recompile-storm", "recompile-storm", 1, False, "b", 2),
+    ],
     "cpu": [
+        ("cpu-demo", "demo", 2, False, "a"),
         ("cpu-straggler", "straggler", 2, False, "a"),
         ("cpu-desync", "desync", 2, False, "a"),
         ("cpu-small-allreduce-storm", "small-allreduce-storm", 2, False, "a"),
@@ -79,7 +86,7 @@ def run_plan(plan, out: Path, backend: str, steps: int, deadline_s: float, timeo
             print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
 
     def lane(runs):
-        for name, scenario, ranks, nsys, _ in runs:
+        for name, scenario, ranks, nsys, _, *rest in runs:
             left = deadline_s - (time.time() - t0)
             if left < 30:
                 log(f"{name}: skipped, {left:.0f}s left before the deadline")
@@ -87,7 +94,7 @@ def run_plan(plan, out: Path, backend: str, steps: int, deadline_s: float, timeo
                 continue
             log(f"{name}: start")
             try:
-                res = capture(scenario, out / name, ranks=ranks, steps=steps, backend=backend, nsys=nsys,
+                res = capture(scenario, out / name, ranks=ranks, steps=rest[0] if rest else steps, backend=backend, nsys=nsys,
                               timeout_s=min(timeout_s, left - 10), force=True, log=lambda m, n=name: log(f"{n}: {m}"))
                 if nsys and scenario == STATS_RUN:
                     _nsys_stats(out / name, log)
@@ -156,7 +163,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="*", help="run names or scenarios to keep from the plan")
     ap.add_argument("--pack", type=Path, default=None, help="folder for the packed tar files")
     args = ap.parse_args(argv)
-    backend = args.backend or ("cuda" if args.plan == "h200" else "cpu")
+    backend = args.backend or ("cuda" if args.plan.startswith("h200") else "cpu")
     results = run_plan(PLANS[args.plan], args.out, backend, args.steps, args.deadline, args.timeout, args.only)
     if args.pack:
         for p in pack(args.out, args.pack, args.plan):

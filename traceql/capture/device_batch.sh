@@ -12,7 +12,7 @@ if ls .deb/*.deb >/dev/null 2>&1; then
 fi
 nvidia-smi -L
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-PYTHONPATH=. python3 -m traceql.capture.batch --plan h200 --out /tmp/traceql-runs --pack "$OUT" \
+PYTHONPATH=. python3 -m traceql.capture.batch --plan "${PLAN:-h200}" --out /tmp/traceql-runs --pack "$OUT" \
   --deadline "${DEADLINE:-420}" --timeout 240 "$@" 2>&1 | tee "$OUT/batch.log"
 cp /tmp/traceql-runs/batch.json "$OUT/" 2>/dev/null
 ls -la "$OUT"

@@ -63,7 +63,7 @@ _LIST = [
         expected=(("TQL401", "all"),),
         compiled=True,
         default_ranks=1,
-        warm_steps=3,
+        warm_steps=2,
     ),
     Scenario(
         "graph-break-hot-loop",
@@ -114,6 +114,13 @@ _LIST = [
         "small-allreduce-storm",
         "No DDP: one tiny all_reduce per parameter tensor after backward, unbucketed.",
         expected=(("TQL102", "all"),),
+    ),
+    Scenario(
+        "demo",
+        "README demo, several pathologies at once: the last rank straggles, one tiny all_reduce per parameter, "
+        "and the loss is printed with .item() every step.",
+        expected=(("TQL102", "all"), ("TQL201", "all"), ("TQL301", "last"), ("TQL302", "last")),
+        min_ranks=2,
     ),
     Scenario(
         "grad-accum-without-no_sync",

@@ -28,6 +28,24 @@ MICRO_BATCHES = 4  # grad-accum-without-no_sync
 STRAGGLER_SLEEP_S = 0.05
 
 
+# What each scenario's loop does; the demo combines several pathologies in one run.
+TRAITS = {
+    "ddp-eager": {"ddp"},
+    "ddp-compiled": {"ddp"},
+    "exposed-allreduce": {"flat_allreduce_after_backward"},
+    "recompile-storm": {"static", "new_shape_every_step"},
+    "graph-break-hot-loop": {"graph_break"},
+    "host-sync-per-step": {"ddp", "host_sync", "log_loss_item"},
+    "divergent-compile": {"ddp", "static", "rank_shape"},
+    "straggler": {"ddp", "straggler"},
+    "desync": {"ddp", "desync"},
+    "fp32-leak": {"ddp", "autocast", "fp32_head"},
+    "small-allreduce-storm": {"allreduce_per_param"},
+    "grad-accum-without-no_sync": {"ddp", "grad_accum"},
+    "demo": {"allreduce_per_param", "straggler", "log_loss_item"},
+}
+
+
 class MLP(nn.Module):
     """A stack of Linear+ReLU blocks, a LayerNorm and a head: many parameter tensors, real GEMMs."""
 
@@ -40,16 +58,22 @@ class MLP(nn.Module):
         self.host_sync = host_sync
         self.fp32_head = fp32_head
 
+    def _run(self, blocks, x):
+        for block in blocks:
+            x = torch.relu(block(x))
+        return x
+
     def forward(self, x):
         half = len(self.blocks) // 2
-        for i, block in enumerate(self.blocks):
-            x = torch.relu(block(x))
-            if i == half and self.graph_break:
-                torch._dynamo.graph_break()
-            if i == half and self.host_sync:
-                # A data-dependent branch on a device value: the host waits for the GPU here.
-                if x.abs().max().item() > 1e4:
-                    x = x * 0.5
+        x = self._run(self.blocks[:half], x)
+        if self.graph_break:
+            # Outside any loop, so dynamo splits the frame in two graphs (inside a loop it would skip the frame).
+            torch._dynamo.graph_break()
+        if self.host_sync:
+            # A data-dependent branch on a device value: the host waits for the GPU here.
+            if x.abs().max().item() > 1e4:
+                x = x * 0.5
+        x = self._run(self.blocks[half:], x)
         x = self.norm(x)
         if self.fp32_head:
             with torch.autocast(device_type=x.device.type, enabled=False):
@@ -87,6 +111,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     sc = get(args.scenario)
+    traits = TRAITS[sc.name]
     out = Path(args.out)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -117,54 +142,53 @@ def main(argv=None) -> int:
         width,
         depth,
         n_out,
-        graph_break=sc.name == "graph-break-hot-loop",
-        host_sync=sc.name == "host-sync-per-step",
-        fp32_head=sc.name == "fp32-leak",
+        graph_break="graph_break" in traits,
+        host_sync="host_sync" in traits,
+        fp32_head="fp32_head" in traits,
     ).to(device)
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=1e-3)
 
-    uses_ddp = sc.name in ("ddp-eager", "ddp-compiled", "divergent-compile", "straggler", "desync",
-                           "grad-accum-without-no_sync", "host-sync-per-step", "fp32-leak")
+    uses_ddp = "ddp" in traits
     step_model = model
     if uses_ddp:
         ddp_kw = {"device_ids": [device.index]} if device.type == "cuda" else {}
         step_model = nn.parallel.DistributedDataParallel(model, **ddp_kw)
     if sc.compiled:
-        step_model = torch.compile(step_model, dynamic=False if sc.name in ("recompile-storm", "divergent-compile") else None)
+        step_model = torch.compile(step_model, dynamic=False if "static" in traits else None)
 
     gen = torch.Generator(device="cpu").manual_seed(1234 + rank)
 
     def batch_for(step: int):
         n = batch
-        if sc.name == "recompile-storm":
+        if "new_shape_every_step" in traits:
             n = batch + 8 * step  # a new static shape every step
-        elif sc.name == "divergent-compile" and rank == world - 1:
+        elif "rank_shape" in traits and rank == world - 1:
             n = batch + 8  # the odd rank's shape differs, so its FX graph cache keys do
         x = torch.randn(n, width, generator=gen).to(device, non_blocking=True)
         y = torch.randint(0, n_out, (n,), generator=gen).to(device, non_blocking=True)
         return x, y
 
     def forward_loss(x, y):
-        if sc.name == "fp32-leak":
+        if "autocast" in traits:
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
                 return F.cross_entropy(step_model(x).float(), y)
         return F.cross_entropy(step_model(x), y)
 
     def train_step(step: int):
         opt.zero_grad(set_to_none=True)
-        if sc.name == "grad-accum-without-no_sync":
+        if "grad_accum" in traits:
             for _ in range(MICRO_BATCHES):  # every backward all-reduces: no_sync() is missing
                 x, y = batch_for(step)
                 (forward_loss(x, y) / MICRO_BATCHES).backward()
             opt.step()
             return None
         x, y = batch_for(step)
-        if sc.name == "straggler" and rank == world - 1:
+        if "straggler" in traits and rank == world - 1:
             time.sleep(STRAGGLER_SLEEP_S)  # the slow rank: everyone else waits in its all_reduce
         loss = forward_loss(x, y)
         loss.backward()
-        if sc.name == "exposed-allreduce":
+        if "flat_allreduce_after_backward" in traits:
             # One flat all_reduce after the whole backward: nothing left to overlap it with.
             grads = [p.grad for p in params]
             flat = torch.cat([g.reshape(-1) for g in grads])
@@ -174,11 +198,11 @@ def main(argv=None) -> int:
             for g in grads:
                 g.copy_(flat[off : off + g.numel()].view_as(g))
                 off += g.numel()
-        elif sc.name == "small-allreduce-storm":
+        elif "allreduce_per_param" in traits:
             for p in params:  # one tiny collective per parameter tensor
                 dist.all_reduce(p.grad)
                 p.grad /= world
-        elif sc.name == "desync" and step == desync_step:
+        elif "desync" in traits and step == desync_step:
             t = torch.ones(4, device=device)
             print(f"[rank{rank}] step {step}: issuing {'all_gather' if rank == world - 1 else 'all_reduce'} "
                   f"(planted desync)", flush=True)
@@ -213,7 +237,7 @@ def main(argv=None) -> int:
         try:
             for step in range(total):
                 loss = train_step(step)
-                if sc.name == "host-sync-per-step" and loss is not None:
+                if "log_loss_item" in traits and loss is not None:
                     print(f"[rank{rank}] step {step} loss {loss.item():.4f}", flush=True)  # a sync every step
                 prof.step()
                 done += 1
