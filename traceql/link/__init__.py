@@ -46,4 +46,19 @@ def link_run(run: Run) -> Run:
     from traceql.link.steps import assign_steps
 
     assign_steps(run)
+    _note_duplicate_ranks(run)
     return run
+
+
+def _note_duplicate_ranks(run: Run) -> None:
+    """Two traces of one format claiming the same rank are usually two runs mixed in one folder."""
+    seen: dict[tuple[str, int], list[str]] = {}
+    for s in run.sources:
+        if s.status in ("ok", "partial") and s.rank is not None:
+            seen.setdefault((s.kind, s.rank), []).append(s.path.name)
+    for (kind, rank), names in sorted(seen.items()):
+        if len(names) > 1:
+            run.notes.append(
+                f"rank {rank} is claimed by {len(names)} {kind} sources ({', '.join(names)}): their tables are "
+                "merged; if they come from different runs, check them separately"
+            )

@@ -29,9 +29,19 @@ def blocking_calls(run: Run) -> pl.DataFrame:
         .with_columns(pl.col("rank").cast(pl.Int32))
     )
     out = blocking.join(by_ext, on=["rank", "source", "external_id"], how="left")
+    # no op carries the call's external id (older Kineto, nsys): the innermost op spanning it on its thread
+    miss = out.filter(pl.col("host_op").is_null())
+    if miss.height:
+        from traceql.link.context import enclosing_op
+
+        pts = out.with_row_index("_gid").filter(pl.col("host_op").is_null()).select("_gid", "rank", "source", "tid", pl.col("ts").alias("_mid"))
+        found = enclosing_op(run, pts, tids=True, tables=("host_ops",))
+        out = out.with_row_index("_gid").join(found.with_columns(pl.col("_gid").cast(pl.UInt32)).rename({"host_op": "_by_time"}), on="_gid", how="left")
+        out = out.with_columns(pl.col("host_op").fill_null(pl.col("_by_time"))).drop("_gid", "_by_time")
+    out = out.with_columns(pl.col("host_op").fill_null("(no host op recorded)"))
     return out.select(
-        "rank", "source", "step", "ts", "end", pl.col("name").alias("call"),
-        pl.col("host_op").fill_null("(no host op recorded)"), (pl.col("dur") / 1e6).alias("blocked_ms"),
+        "rank", "source", "step", "ts", "end", "tid", pl.col("name").alias("call"),
+        "host_op", (pl.col("dur") / 1e6).alias("blocked_ms"),
     ).sort(["rank", "ts"])
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from traceql import link
+from traceql.link.context import host_context
 from traceql.model import Finding, Run
 from traceql.rules import measures
 from traceql.rules.condition import ConditionError, compile_condition
@@ -89,6 +90,8 @@ def _measure_raw(run: Run, rule: Rule) -> pl.DataFrame:
     m = s["measure"]
     per = list(s.get("per") or ["rank"])
     df = select(run, s["table"], s.get("where"))
+    if m in ("union", "overlap", "exposed", "gaps") and "source" in df.columns and "source" not in per:
+        per.append("source")  # intervals from two sources of one rank are on different clocks: never mix them
     if m == "rows":
         return df
     if m == "count":
@@ -103,47 +106,12 @@ def _measure_raw(run: Run, rule: Rule) -> pl.DataFrame:
         return measures.coverage(df, other, per)
     if m == "gaps":
         out = measures.gaps(df, per)
-        return _host_context(run, out)
+        return host_context(run, out)
     if m == "spread":
         return measures.spread(df, s["column"], s.get("agg", "median"), float(s.get("scale", 1.0)))
     if m == "distinct":
         return measures.distinct(df, list(s["key"]), s["value"])
     raise RuleRunError(f"measure {m!r} unknown")
-
-
-def _host_context(run: Run, gaps: pl.DataFrame) -> pl.DataFrame:
-    """What the host was doing in the middle of each gap: a runtime call spanning it, else the innermost host op.
-
-    Per (rank, thread): an as-of join finds the op that started last before the gap's midpoint; if it ended
-    before the midpoint, its ancestors (parent ids) are the only ops on that thread that can span it.
-    """
-    none = gaps.with_columns(pl.lit(None, pl.Utf8).alias("host_op"))
-    if gaps.height == 0 or "rank" not in gaps.columns:
-        return none
-    g = gaps.with_row_index("_gid").with_columns(((pl.col("gap_ts") + pl.col("gap_end")) // 2).alias("_mid"), pl.col("rank").cast(pl.Int32))
-    picks = []
-    for table, depth in (("runtime", 1000), ("host_ops", None)):
-        t = run.table(table).filter(~pl.col("name").str.starts_with("ProfilerStep#")).with_columns(pl.col("rank").cast(pl.Int32))
-        if t.height == 0:
-            continue
-        gt = g.select("_gid", "rank", "_mid").join(t.select("rank", "tid").unique(), on="rank").sort("_mid")
-        j = gt.join_asof(t.select("rank", "tid", "ts", "id").sort("ts"), left_on="_mid", right_on="ts", by=["rank", "tid"], strategy="backward", check_sortedness=False)
-        j = j.filter(pl.col("id").is_not_null()).select("_gid", "rank", "tid", "_mid", "id")
-        info = t.select("rank", "id", "ts", "end", "name", "parent" if "parent" in t.columns else pl.lit(None, pl.Int64).alias("parent"), "depth" if depth is None else pl.lit(depth, pl.Int32).alias("depth")).unique(["rank", "id"])
-        hits = []
-        for _ in range(16 if depth is None else 1):
-            j = j.join(info, on=["rank", "id"], how="inner")
-            span = (pl.col("ts") <= pl.col("_mid")) & (pl.col("end") >= pl.col("_mid"))
-            hits.append(j.filter(span).select("_gid", "name", "depth"))
-            j = j.filter(~span & pl.col("parent").is_not_null()).select("_gid", "rank", "tid", "_mid", pl.col("parent").alias("id"))
-            if j.height == 0:
-                break
-        picks.extend(hits)
-    if not picks:
-        return none
-    allp = pl.concat([p.with_columns(pl.col("depth").cast(pl.Int32)) for p in picks])
-    best = allp.sort(["_gid", "depth"], descending=[False, True]).group_by("_gid").first().select("_gid", pl.col("name").alias("host_op"))
-    return g.join(best, on="_gid", how="left").drop("_gid", "_mid")
 
 
 def _sql(run: Run, rule: Rule) -> pl.DataFrame:

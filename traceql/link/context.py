@@ -1,0 +1,52 @@
+"""What the host was doing at a moment: the runtime call or innermost host op spanning it, per rank.
+
+Per (rank, thread): an as-of join finds the op that started last before the moment; if it ended before it, only
+its ancestors (parent ids) can span the moment on that thread, so the parent chain is walked. Deepest wins.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from traceql.model import Run
+
+
+def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tuple[str, ...] = ("runtime", "host_ops")) -> pl.DataFrame:
+    """points: _gid, rank, _mid (and tid when tids=True, to stay on the point's own thread) -> _gid, host_op."""
+    picks = []
+    src = ["source"] if "source" in points.columns else []
+    for table, depth in (("runtime", 1000), ("host_ops", None)):
+        if table not in tables:
+            continue
+        t = run.table(table).filter(~pl.col("name").str.starts_with("ProfilerStep#") & (pl.col("tid").is_null() | (pl.col("tid") >= 0))).with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32))
+        points = points.with_columns(pl.col(c).cast(pl.Int32) for c in src)
+        if t.height == 0:
+            continue
+        if tids:
+            gt = points.select("_gid", "rank", *src, "tid", "_mid").sort("_mid")
+        else:
+            gt = points.select("_gid", "rank", *src, "_mid").join(t.select("rank", *src, "tid").unique(), on=["rank", *src]).sort("_mid")
+        key = ["rank", *src]
+        j = gt.join_asof(t.select(*key, "tid", "ts", "id").sort("ts"), left_on="_mid", right_on="ts", by=[*key, "tid"], strategy="backward", check_sortedness=False)
+        j = j.filter(pl.col("id").is_not_null()).select("_gid", *key, "tid", "_mid", "id")
+        info = t.select(*key, "id", "ts", "end", "name", "parent" if "parent" in t.columns else pl.lit(None, pl.Int64).alias("parent"), "depth" if depth is None else pl.lit(depth, pl.Int32).alias("depth")).unique([*key, "id"])
+        for _ in range(32 if depth is None else 1):
+            j = j.join(info, on=[*key, "id"], how="inner")
+            span = (pl.col("ts") <= pl.col("_mid")) & (pl.col("end") >= pl.col("_mid"))
+            picks.append(j.filter(span).select("_gid", "name", pl.col("depth").cast(pl.Int32)))
+            j = j.filter(~span & pl.col("parent").is_not_null()).select("_gid", *key, "tid", "_mid", pl.col("parent").alias("id"))
+            if j.height == 0:
+                break
+    if not picks:
+        return pl.DataFrame(schema={"_gid": pl.UInt32, "host_op": pl.Utf8})
+    allp = pl.concat(picks)
+    return allp.sort(["_gid", "depth"], descending=[False, True]).group_by("_gid").first().select("_gid", pl.col("name").alias("host_op"))
+
+
+def host_context(run: Run, gaps: pl.DataFrame) -> pl.DataFrame:
+    """Gaps (gap_ts, gap_end per rank) get host_op: what the host was doing at the gap's midpoint."""
+    if gaps.height == 0 or "rank" not in gaps.columns:
+        return gaps.with_columns(pl.lit(None, pl.Utf8).alias("host_op"))
+    g = gaps.with_row_index("_gid").with_columns(((pl.col("gap_ts") + pl.col("gap_end")) // 2).alias("_mid"), pl.col("rank").cast(pl.Int32))
+    best = enclosing_op(run, g)
+    return g.join(best.with_columns(pl.col("_gid").cast(pl.UInt32)), on="_gid", how="left").drop("_gid", "_mid")
