@@ -1,0 +1,92 @@
+"""`traceql query RUN_DIR "SQL"`: polars SQL over canonical and derived tables, with errors that name what is valid."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import orjson
+import polars as pl
+import pytest
+from _report_helpers import TRACE_FILTER
+
+from traceql.report import query as q
+
+pytestmark = pytest.mark.corpus
+
+
+@pytest.fixture(scope="module")
+def run():
+    if not TRACE_FILTER.is_dir():
+        pytest.skip(f"reference corpus not present at {TRACE_FILTER}")
+    from traceql import pipeline
+
+    return pipeline.load_run(TRACE_FILTER, use_cache=False)
+
+
+def test_canonical_table_aggregate_matches_polars(run):
+    df = q.query(run, "SELECT rank, kind, count(*) AS n FROM kernels GROUP BY rank, kind ORDER BY rank, kind")
+    expect = run.table("kernels").group_by("rank", "kind").agg(pl.len().alias("n")).sort("rank", "kind")
+    assert df["n"].to_list() == expect["n"].to_list()
+    assert df.height == expect.height > 0
+
+
+def test_derived_tables_are_built_only_when_named(run):
+    run.tables.pop("step_breakdown", None)
+    q.query(run, "SELECT count(*) FROM kernels")
+    assert "step_breakdown" not in run.tables
+    df = q.query(run, 'SELECT rank, step, exposed_comm_ms FROM "step_breakdown" WHERE step IS NOT NULL')
+    assert "step_breakdown" in run.tables and df.height == 4  # 2 ranks x 2 steps
+
+
+def test_names_in_string_literals_do_not_build_tables(run):
+    run.tables.pop("critical_path", None)
+    q.query(run, "SELECT count(*) AS n FROM kernels WHERE name = 'critical_path'")
+    assert "critical_path" not in run.tables
+
+
+def test_bad_table_names_the_valid_ones(run):
+    with pytest.raises(q.QueryError) as e:
+        q.query(run, "SELECT * FROM kernelz")
+    msg = str(e.value)
+    assert "kernelz" in msg and "valid tables:" in msg and "kernels" in msg and "step_breakdown" in msg
+    assert "\n" not in msg
+
+
+def test_bad_column_names_the_valid_ones(run):
+    with pytest.raises(q.QueryError) as e:
+        q.query(run, "SELECT nme FROM kernels")
+    msg = str(e.value)
+    assert "nme" in msg and '"name"' in msg and "\n" not in msg
+
+
+def test_syntax_error_is_one_line(run):
+    with pytest.raises(q.QueryError) as e:
+        q.query(run, "SELEC rank FROM kernels")
+    assert "\n" not in str(e.value)
+    with pytest.raises(q.QueryError):
+        q.query(run, "   ")
+
+
+def test_formats(run):
+    df = q.query(run, "SELECT rank, count(*) AS n FROM kernels GROUP BY rank ORDER BY rank")
+    rows = list(csv.DictReader(io.StringIO(q.render(df, "csv"))))
+    assert [int(r["n"]) for r in rows] == df["n"].to_list()
+    assert orjson.loads(q.render(df, "json")) == df.to_dicts()
+    assert "(2 rows)" in q.render(df, "table")
+    nested = pl.DataFrame({"steps": [[1, 2], [3]]})
+    assert [r["steps"] for r in csv.DictReader(io.StringIO(q.render(nested, "csv")))] == ["[1,2]", "[3]"]
+
+
+def test_cli(tmp_path):
+    if not TRACE_FILTER.is_dir():
+        pytest.skip("corpus absent")
+    from click.testing import CliRunner
+
+    from traceql.cli import main
+
+    res = CliRunner().invoke(main, ["query", str(TRACE_FILTER), "SELECT count(*) AS n FROM steps", "--format", "json", "-q"])
+    assert res.exit_code == 0, res.output
+    assert orjson.loads(res.stdout) == [{"n": 4}]
+    res = CliRunner().invoke(main, ["query", str(TRACE_FILTER), "SELECT x FROM nowhere", "-q"])
+    assert res.exit_code == 2 and "valid tables:" in res.output
