@@ -203,10 +203,12 @@ def build_graph(run: Run) -> nx.DiGraph:
         return run.graph
     nodes, edges = edge_lists(run)
     g = nx.DiGraph()
-    g.add_nodes_from(
-        (i, {"kind": k} if r is None else {"kind": k, "rank": r}) for i, k, r in nodes.iter_rows()
-    )
-    g.add_edges_from((s, d, {"kind": k}) for s, d, k in edges.iter_rows())
+    # one call per (kind, rank) with shared keyword attributes: no per-row Python dicts built here
+    for (kind, rank), part in nodes.group_by("kind", "rank"):
+        attrs = {"kind": kind} if rank is None else {"kind": kind, "rank": rank}
+        g.add_nodes_from(part["id"].to_list(), **attrs)
+    for (kind,), part in edges.group_by("kind"):
+        g.add_edges_from(zip(part["src"].to_list(), part["dst"].to_list()), kind=kind)
     run.graph = g
     return g
 
