@@ -56,7 +56,8 @@ def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_p
         suppress = _baseline(baseline) if baseline else None
         result = pipeline.check(
             run_dir, select=_csv(select), ignore=_csv(ignore), sets=list(sets), rules_dirs=list(rules_dirs) or None,
-            use_cache=not no_cache, config=config, jobs=jobs, progress=not quiet, suppress=suppress,
+            use_cache=not no_cache, config=config, jobs=jobs, suppress=suppress,
+            progress=not quiet and (fmt == "text" or out is not None or sys.stdout.isatty()),  # no bar over piped machine output
         )
     except (ConfigError, RuleError, pipeline.NothingToAnalyse) as e:
         _fail(str(e))

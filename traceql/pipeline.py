@@ -47,6 +47,7 @@ def check(
 ) -> CheckResult:
     config = config or cfgmod.Config()
     rules = load_rules(rules_dirs)
+    cfgmod.check_params(config, rules)
     chosen = cfgmod.choose(rules, (select or []) or config.select, (ignore or []) + config.ignore)
     overrides = {k: dict(v) for k, v in config.params.items()}
     for rid, params in cfgmod.parse_set(sets or [], rules).items():

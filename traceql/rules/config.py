@@ -43,15 +43,44 @@ def load_config(path: Path | None) -> Config:
     if path.name == "pyproject.toml":
         data = data.get("tool", {}).get("traceql", {})
     cfg = Config(path=path)
-    cfg.select = list(data.get("select", []))
-    cfg.ignore = list(data.get("ignore", []))
+    cfg.select = _str_list(path, "select", data.get("select", []))
+    cfg.ignore = _str_list(path, "ignore", data.get("ignore", []))
     cfg.fail_on = data.get("fail-on", data.get("fail_on", "warning"))
-    cfg.suppress = list(data.get("suppress", []))
+    if cfg.fail_on not in FAIL_ON:
+        raise ConfigError(f"{path}: fail-on = {cfg.fail_on!r}; valid: {', '.join(FAIL_ON)}")
+    cfg.suppress = _str_list(path, "suppress", data.get("suppress", []))
     for rid, params in (data.get("rules") or {}).items():
         if not isinstance(params, dict):
             raise ConfigError(f"{path}: [rules.{rid}] must be a table of param = value")
         cfg.params.setdefault(rid.upper(), {}).update(params)
     return cfg
+
+
+FAIL_ON = ("error", "warning", "info", "never")
+
+
+def _str_list(path: Path, key: str, v) -> list[str]:
+    # a bare string is one item: list("TQL1") would be ["T", "Q", "L", "1"]
+    if isinstance(v, str):
+        return [v]
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ConfigError(f"{path}: {key} must be a string or a list of strings")
+    return list(v)
+
+
+def check_params(cfg: Config, rules: list[Rule]) -> None:
+    """Thresholds in the config file must name a rule and one of its params: a typo must not pass silently."""
+    by_id = {r.id: r for r in rules}
+    by_name = {r.name.upper(): r for r in rules}
+    for rid, params in list(cfg.params.items()):
+        rule = by_id.get(rid) or by_name.get(rid)
+        if rule is None:
+            raise ConfigError(f"{cfg.path}: [rules.{rid}]: no such rule; see `traceql rules list`")
+        for p in params:
+            if p not in rule.params:
+                raise ConfigError(f"{cfg.path}: [rules.{rid}] {p}: {rule.id} has no param {p!r}; valid: {', '.join(rule.params) or 'none'}")
+        if rule.id != rid:  # given by name: key it by id, as the engine looks it up
+            cfg.params.setdefault(rule.id, {}).update(cfg.params.pop(rid))
 
 
 def parse_set(items: list[str], rules: list[Rule]) -> dict[str, dict]:
@@ -69,7 +98,10 @@ def parse_set(items: list[str], rules: list[Rule]) -> dict[str, dict]:
             raise ConfigError(f"--set {item!r}: no rule {rid!r}; see `traceql rules list`")
         if param not in rule.params:
             raise ConfigError(f"--set {item!r}: {rule.id} has no param {param!r}; valid: {', '.join(rule.params) or 'none'}")
-        out.setdefault(rule.id, {})[param] = coerce(value, rule.params[param].get("default"))
+        try:
+            out.setdefault(rule.id, {})[param] = coerce(value, rule.params[param].get("default"))
+        except ConfigError as e:
+            raise ConfigError(f"--set {item!r}: {e}") from None
     return out
 
 
@@ -80,13 +112,16 @@ def coerce(value: str, default):
         if value.lower() in ("0", "false", "no", "off"):
             return False
         raise ConfigError(f"{value!r} is not a boolean")
-    if isinstance(default, int):
-        try:
-            return int(value)
-        except ValueError:
+    try:
+        if isinstance(default, int):
+            try:
+                return int(value)
+            except ValueError:
+                return float(value)
+        if isinstance(default, float):
             return float(value)
-    if isinstance(default, float):
-        return float(value)
+    except ValueError:
+        raise ConfigError(f"{value!r} is not a number") from None
     if isinstance(default, list):
         return [v.strip() for v in value.split(",") if v.strip()]
     return value

@@ -1,0 +1,157 @@
+"""Configuration (traceql.toml / [tool.traceql]), --set, --baseline and suppression by fingerprint, and the
+progress bar's manners (stderr only, never in piped machine output)."""
+
+from __future__ import annotations
+
+import sys
+
+import orjson
+import pytest
+from _report_helpers import TRACE_FILTER
+from click.testing import CliRunner
+
+from traceql.cli import main
+from traceql.rules import config as c
+from traceql.rules.loader import load_rules
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return load_rules()
+
+
+def _write(p, text):
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def test_find_config_walks_up_and_reads_pyproject_only_with_its_table(tmp_path):
+    run = tmp_path / "a" / "b" / "run"
+    run.mkdir(parents=True)
+    _write(tmp_path / "a" / "pyproject.toml", "[project]\nname = 'x'\n")
+    assert c.find_config(run) is None
+    _write(tmp_path / "pyproject.toml", "[tool.traceql]\nselect = ['TQL1']\n")
+    assert c.find_config(run) == tmp_path / "pyproject.toml"
+    _write(tmp_path / "a" / "b" / "traceql.toml", "ignore = ['TQL2']\n")
+    found = c.find_config(run)
+    assert found == tmp_path / "a" / "b" / "traceql.toml"
+    assert c.load_config(found).ignore == ["TQL2"]
+    assert c.load_config(tmp_path / "pyproject.toml").select == ["TQL1"]
+
+
+def test_load_config_fields(tmp_path):
+    p = _write(tmp_path / "traceql.toml", 'select = "TQL1"\nfail-on = "error"\nsuppress = ["abc"]\n[rules.TQL101]\nmin_exposed_ms = 3\n')
+    cfg = c.load_config(p)
+    assert cfg.select == ["TQL1"]  # a bare string is one selector, not its characters
+    assert cfg.fail_on == "error" and cfg.suppress == ["abc"] and cfg.params == {"TQL101": {"min_exposed_ms": 3}}
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('fail-on = "warn"\n', "fail-on"),
+    ("select = [1, 2]\n", "select"),
+    ("[rules]\nTQL101 = 5\n", "rules.TQL101"),
+    ("select = [\n", "cannot read"),
+])
+def test_bad_config_is_one_clear_line(tmp_path, text, needle):
+    p = _write(tmp_path / "traceql.toml", text)
+    with pytest.raises(c.ConfigError) as e:
+        c.load_config(p)
+    assert needle in str(e.value) and str(p) in str(e.value)
+
+
+def test_config_params_must_name_a_rule_and_a_param(tmp_path, rules):
+    cfg = c.load_config(_write(tmp_path / "traceql.toml", "[rules.TQL101]\nmin_exposd_ms = 3\n"))
+    with pytest.raises(c.ConfigError, match="valid: min_exposed_ms"):
+        c.check_params(cfg, rules)
+    cfg = c.load_config(_write(tmp_path / "traceql.toml", "[rules.TQL999]\nx = 3\n"))
+    with pytest.raises(c.ConfigError, match="no such rule"):
+        c.check_params(cfg, rules)
+    cfg = c.load_config(_write(tmp_path / "traceql.toml", "[rules.exposed-communication]\nmin_exposed_ms = 3\n"))
+    c.check_params(cfg, rules)
+    assert cfg.params == {"TQL101": {"min_exposed_ms": 3}}
+
+
+def test_set_is_typed_like_the_default(rules):
+    out = c.parse_set(["TQL101.min_exposed_ms=5", "exposed-communication.max_overlap_pct=20"], rules)
+    assert out == {"TQL101": {"min_exposed_ms": 5.0, "max_overlap_pct": 20.0}}
+    assert isinstance(out["TQL101"]["min_exposed_ms"], float)
+    for bad, needle in (("TQL101.min_exposed_ms=lots", "not a number"), ("TQL101=5", "RULE.param=value"),
+                        ("TQL101.nope=1", "valid: "), ("TQL999.x=1", "no rule")):
+        with pytest.raises(c.ConfigError, match=needle):
+            c.parse_set([bad], rules)
+
+
+def test_select_and_ignore_by_prefix_and_name(rules):
+    ids = {r.id for r in c.choose(rules, ["TQL1"], ["TQL101"])}
+    assert ids and all(i.startswith("TQL1") for i in ids) and "TQL101" not in ids
+    assert {r.id for r in c.choose(rules, ["exposed-communication"], [])} == {"TQL101"}
+
+
+# --- end to end on the corpus ------------------------------------------------------------------------------------
+
+def _check(*args):
+    return CliRunner().invoke(main, ["check", str(TRACE_FILTER), "--select", "TQL101", "--quiet", *args])
+
+
+@pytest.mark.corpus
+def test_threshold_from_config_file_changes_findings(tmp_path):
+    if not TRACE_FILTER.is_dir():
+        pytest.skip("corpus absent")
+    base = orjson.loads(_check("--format", "json").stdout)
+    assert any(f["rule"] == "TQL101" for f in base["findings"])
+    p = _write(tmp_path / "traceql.toml", "[rules.TQL101]\nmax_overlap_pct = 0.0\n")  # nothing overlaps under 0%
+    res = _check("--format", "json", "--config", str(p))
+    assert res.exit_code == 0, res.output
+    assert orjson.loads(res.stdout)["findings"] == []
+    bad = _write(tmp_path / "bad.toml", "[rules.TQL101]\nmax_overlap_pt = 0.0\n")
+    res = _check("--config", str(bad))
+    assert res.exit_code == 2 and "max_overlap_pct" in res.output
+
+
+@pytest.mark.corpus
+def test_baseline_and_suppress_by_fingerprint(tmp_path):
+    if not TRACE_FILTER.is_dir():
+        pytest.skip("corpus absent")
+    report = tmp_path / "base.json"
+    res = _check("--format", "json", "--out", str(report))
+    assert res.exit_code == 1  # TQL101 is a warning, the default fail-on
+    fps = [f["fingerprint"] for f in orjson.loads(report.read_bytes())["findings"]]
+    assert len(fps) == 2
+    res = _check("--baseline", str(report))
+    assert res.exit_code == 0 and "No findings" in res.output
+    p = _write(tmp_path / "traceql.toml", f"suppress = [{fps[0]!r}]\n")
+    data = orjson.loads(_check("--format", "json", "--config", str(p)).stdout)
+    assert [f["fingerprint"] for f in data["findings"]] == fps[1:]
+    never = _write(tmp_path / "never.toml", 'fail-on = "never"\n')
+    assert _check("--config", str(never)).exit_code == 0
+    junk = _write(tmp_path / "junk.json", "[1, 2]")
+    res = _check("--baseline", str(junk))
+    assert res.exit_code == 2 and "not a traceql --format json report" in res.output
+
+
+# --- progress ----------------------------------------------------------------------------------------------------
+
+def test_progress_bar_writes_to_stderr_only():
+    from traceql.pipeline import _Bar
+
+    bar = _Bar(2)
+    try:
+        assert bar.p.live.console.file is sys.stderr
+    finally:
+        bar.close()
+
+
+@pytest.mark.corpus
+def test_piped_json_asks_for_no_progress_bar(monkeypatch):
+    if not TRACE_FILTER.is_dir():
+        pytest.skip("corpus absent")
+    from traceql import pipeline
+
+    asked = []
+    monkeypatch.setattr(pipeline, "_progress", lambda sources: asked.append(len(sources)))
+    args = ["check", str(TRACE_FILTER), "--select", "TQL101"]
+    res = CliRunner().invoke(main, [*args, "--format", "json"])  # CliRunner's stdout is not a terminal: piped
+    orjson.loads(res.stdout)  # stdout is the report and nothing else
+    assert asked == []
+    CliRunner().invoke(main, args)  # text for a person: the bar is asked for (and shows only on a terminal)
+    assert asked
