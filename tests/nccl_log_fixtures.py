@@ -35,9 +35,9 @@ def init_block(host, pid, dev, rank, nranks, bus, comm, commid, version="2.21.5"
     for i, (peer, via) in enumerate(transports):
         L.append(f"{t} [{dev}] NCCL INFO Channel {i:02d}/0 : {rank}[{dev}] -> {peer}[0] via {via}")
     L.append(f"{t} [{dev}] NCCL INFO {channels} coll channels, 0 collnet channels, 0 nvls channels, {channels} p2p channels, 2 p2p channels per peer")
-    if timing:
-        L.append(f"{t} [{dev}] NCCL INFO Init timings - ncclCommInitRank: rank {rank} nranks {nranks} total {timing[0]:.2f} ({timing[1]})")
     L.append(f"{t} [{dev}] NCCL INFO ncclCommInitRank comm {comm} rank {rank} nranks {nranks} cudaDev {dev} nvmlDev {dev} busId {bus} commId {commid} - Init COMPLETE")
+    if timing:  # NCCL >= 2.23 prints the timings right after Init COMPLETE
+        L.append(f"{t} [{dev}] NCCL INFO Init timings - ncclCommInitRank: rank {rank} nranks {nranks} total {timing[0]:.2f} ({timing[1]})")
     return L
 
 def write(d, name, lines, prefix=""):

@@ -324,3 +324,26 @@ def test_kineto_and_log_comms_tie_by_rank_and_group_size():
                                                 "op": ["all_reduce"] * 3, "bytes": [4, 4, 4]}))
     out = nccl_comm_collectives(Run(path=Path("."), tables={"nccl_comms": comms, "collectives": coll}))
     assert sorted(out.select("rank", "n_collectives").rows()) == [(0, 2), (1, 1)]
+
+
+H200_LOGS = sorted(d for d in FIXTURES.glob("h200-*") if any("NCCL INFO" in p.read_text(errors="replace")
+                                                         for p in d.glob("*.log")))
+
+
+@pytest.mark.skipif(not H200_LOGS, reason="no captured H200 NCCL_DEBUG=INFO logs in fixtures/")
+def test_real_h200_nccl_logs():
+    """Real NCCL 2.28 single-GPU logs captured by `traceql capture`: one complete comm per process, Init timings
+    (printed after Init COMPLETE) attached to it, and no TQL5 finding on a healthy run."""
+    from traceql.rules.engine import evaluate
+    from traceql.rules.loader import load_rules
+
+    rules = [r for r in load_rules([REPO / "rules"]) if r.id.startswith("TQL5")]
+    for d in H200_LOGS:
+        run = _run(d.name)
+        comms = run.tables["nccl_comms"]
+        assert comms.height >= 1, d.name
+        full = comms.filter(pl.col("comm_id").is_not_null())
+        assert full.height == 1 and full["init_ms"].is_not_null().all() and full["channels"][0] > 0, d.name
+        assert full["version"][0].startswith("2.") and full["network"][0] in ("Socket", "IB")
+        fired = [f.rule for r in rules for f in evaluate(run, r).findings]
+        assert fired == [], (d.name, fired)

@@ -548,6 +548,7 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
     done: list[_Comm] = []
     procs: dict[tuple, _Process] = {}
     open_comm: dict[tuple, _Comm] = {}  # (host, pid, dev) -> communicator being initialised
+    last_done: dict[tuple, _Comm] = {}  # (host, pid, dev) -> the communicator whose init completed last
     last_warn: dict[tuple, dict] = {}  # (host, pid, tid) -> the WARN event a trail continues
     pid_rank: dict[tuple, tuple[int, int]] = {}  # (host, pid) -> (nranks, rank) of the widest comm seen
     expect_last_error = False
@@ -600,7 +601,16 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
                 proc.gdr.append(fl)
             elif k in ("comm_init", "comm_nodes", "init_timing", "transport", "channels", "trees", "ring", "p2p_disabled"):
                 c = open_comm.get(dev_key)
-                if c is None or (k == "comm_init" and c.comm is not None and c.comm != fl["comm"]) or (k == "comm_init" and c.complete):
+                if c is None and k == "init_timing":
+                    # NCCL >= 2.23 prints "Init timings" just after "Init COMPLETE": it belongs to that communicator
+                    prev = last_done.get(dev_key)
+                    if prev is not None and prev.timing is None and (prev.comm_rank, prev.nranks) == (fl["comm_rank"], fl["nranks"]):
+                        prev.init_ms, prev.timing = fl["total_s"] * 1000.0, fl["parts"]
+                        c = prev
+                attached = c is not None and c.complete
+                if attached:
+                    pass
+                elif c is None or (k == "comm_init" and c.comm is not None and c.comm != fl["comm"]) or (k == "comm_init" and c.complete):
                     c = _Comm(key=dev_key + (len(done) + len(open_comm),), host=fact.host, pid=fact.pid,
                               cuda_dev=fact.cuda_dev, rank=rank, line=lineno)
                     open_comm[dev_key] = c
@@ -612,6 +622,7 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
                     if fl["phase"] == "COMPLETE":
                         c.complete = True
                         done.append(open_comm.pop(dev_key))
+                        last_done[dev_key] = c
                     if fact.pid is not None:
                         prev = pid_rank.get(dev_key)
                         if prev is None or fl["nranks"] > prev[0]:
@@ -623,7 +634,7 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
                     c.comm = c.comm or fl["comm"]
                     c.nnodes = fl["nnodes"]
                     c.comm_rank, c.nranks = fl["comm_rank"], fl["nranks"]
-                elif k == "init_timing":
+                elif k == "init_timing" and not attached:
                     c.init_ms = fl["total_s"] * 1000.0
                     c.timing = fl["parts"]
                     c.comm_rank, c.nranks = fl["comm_rank"], fl["nranks"]
