@@ -32,9 +32,10 @@ PLANS = {
         ("h200-small-allreduce-storm", "small-allreduce-storm", 2, False, "a"),
         ("h200-grad-accum-without-no_sync", "grad-accum-without-no_sync", 2, False, "a"),
         ("h200-straggler", "straggler", 2, False, "a"),
+        ("h200-demo", "demo", 2, False, "a"),
         ("h200-ddp-compiled", "ddp-compiled", 1, False, "b"),
         ("h200-graph-break-hot-loop", "graph-break-hot-loop", 1, False, "b"),
-        ("h200-recompile-storm", "recompile-storm", 1, False, "b"),
+        ("h200-recompile-storm", "recompile-storm", 1, False, "b", 2),
         ("h200-divergent-compile", "divergent-compile", 2, False, "b"),
     ],
     # A second, small call: the graph break moved out of the loop, a shorter storm, the README demo.

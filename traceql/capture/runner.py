@@ -162,6 +162,7 @@ def capture(
                 env["TORCHINDUCTOR_CACHE_DIR"] = str(work / f"inductor-rank{r}")
             cmd = worker
             if nsys_bin:
+                env["TRACEQL_CAPTURE_UNDER_NSYS"] = "1"
                 cmd = [nsys_bin, "profile", "-t", "cuda,nvtx", "--sample=none", "--cpuctxsw=none",
                        "--force-overwrite=true", "-o", str(work / f"rank{r}"), *worker]
             fo = open(out / f"rank{r}.stdout.log", "wb")
@@ -246,10 +247,14 @@ def capture(
         "duration_s": round(elapsed, 1),
         "summary": sc.summary,
     }
-    if sc.notes:
-        manifest["notes"] = sc.notes
+    notes = [sc.notes] if sc.notes else []
+    if nsys_bin:
+        notes.append("Kineto traces hold host events only: under nsys, nsys owns CUPTI (GPU activity is in the "
+                     "nsys export)")
     if nsys and not nsys_bin:
-        manifest["notes"] = (manifest.get("notes", "") + "; nsys requested but not found").lstrip("; ")
+        notes.append("nsys requested but not found")
+    if notes:
+        manifest["notes"] = "; ".join(notes)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     shutil.rmtree(work, ignore_errors=True)
     return CaptureResult(out, manifest, codes)

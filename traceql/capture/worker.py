@@ -125,7 +125,8 @@ def main(argv=None) -> int:
         torch.cuda.set_device(device)
         # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): share a GPU through gloo instead.
         pg_backend = "nccl" if world <= n_gpu else "gloo"
-        width, depth, batch = 2048, 8, 256
+        # Big enough that the clean baselines keep the GPU busy (not launch-bound) even in fp32.
+        width, depth, batch = 2048, 8, 2048
     else:
         device = torch.device("cpu")
         pg_backend = "gloo"
@@ -165,9 +166,11 @@ def main(argv=None) -> int:
             n = batch + 8 * step  # a new static shape every step
         elif "rank_shape" in traits and rank == world - 1:
             n = batch + 8  # the odd rank's shape differs, so its FX graph cache keys do
-        x = torch.randn(n, width, generator=gen).to(device, non_blocking=True)
-        y = torch.randint(0, n_out, (n,), generator=gen).to(device, non_blocking=True)
-        return x, y
+        x = torch.randn(n, width, generator=gen)
+        y = torch.randint(0, n_out, (n,), generator=gen)
+        if device.type == "cuda":  # pinned, as a DataLoader(pin_memory=True) gives: the copies stay asynchronous
+            x, y = x.pin_memory(), y.pin_memory()
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
     def forward_loss(x, y):
         if "autocast" in traits:
@@ -218,7 +221,8 @@ def main(argv=None) -> int:
     desync_step = warm + 3 if args.steps >= 2 else warm + 2  # inside the active window
     trace_path = out / f"rank{rank}.pt.trace.json.gz"
     activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
+    # Under nsys, nsys holds CUPTI and Kineto would get no GPU events anyway: record host events only.
+    if device.type == "cuda" and not os.environ.get("TRACEQL_CAPTURE_UNDER_NSYS"):
         activities.append(torch.profiler.ProfilerActivity.CUDA)
 
     def on_ready(prof):
