@@ -18,16 +18,22 @@ SCHEMA = {"rank": pl.Int32, "source": pl.Int32, "step": pl.Int64, "ts": pl.Int64
 
 def activity(run: Run) -> pl.DataFrame:
     k = run.table("kernels").filter(pl.col("kind").is_in(["compute", "comm"]))
+    comm_ranks = k.filter(pl.col("kind") == "comm")["rank"].drop_nulls().unique().to_list()
     gpu_ranks = k["rank"].drop_nulls().unique().to_list()
-    parts = [k.select("rank", "source", "step", "ts", "end", "name", "kind", pl.lit("gpu").alias("side"))]
-    coll = run.table("collectives").filter(~pl.col("rank").is_in(gpu_ranks) & pl.col("ts").is_not_null())
+    cols = ("rank", "source", "step", "ts", "end")
+    parts = [k.filter(pl.col("rank").is_in(comm_ranks)).select(*cols, "name", "kind", pl.lit("gpu").alias("side"))]
+    # ranks whose collectives leave no GPU kernel (gloo, also on CUDA tensors): the host-side execution is the
+    # communication; compute is their GPU kernels where they have any, else their CPU ops
+    coll = run.table("collectives").filter(~pl.col("rank").is_in(comm_ranks) & pl.col("ts").is_not_null())
     if coll.height:
-        parts.append(coll.select("rank", "source", "step", "ts", "end", pl.col("op").alias("name"), pl.lit("comm").alias("kind"), pl.lit("host").alias("side")))
         host_ranks = coll["rank"].unique().to_list()
+        parts.append(coll.select(*cols, pl.col("op").alias("name"), pl.lit("comm").alias("kind"), pl.lit("host").alias("side")))
+        on_gpu = [r for r in host_ranks if r in gpu_ranks]
+        parts.append(k.filter(pl.col("rank").is_in(on_gpu) & (pl.col("kind") == "compute")).select(*cols, "name", "kind", pl.lit("host").alias("side")))
         ops = run.table("host_ops").filter(
-            pl.col("rank").is_in(host_ranks) & (pl.col("cat") == "cpu_op") & ~pl.col("name").str.contains(_COMM_OP)
+            pl.col("rank").is_in([r for r in host_ranks if r not in gpu_ranks]) & (pl.col("cat") == "cpu_op") & ~pl.col("name").str.contains(_COMM_OP)
         )
-        parts.append(ops.select("rank", "source", "step", "ts", "end", "name", pl.lit("compute").alias("kind"), pl.lit("host").alias("side")))
+        parts.append(ops.select(*cols, "name", pl.lit("compute").alias("kind"), pl.lit("host").alias("side")))
     return pl.concat([p.select([pl.col(c).cast(t) for c, t in SCHEMA.items()]) for p in parts]).sort(["rank", "ts"])
 
 
