@@ -388,7 +388,8 @@ def straggler_summary(run: Run) -> pl.DataFrame:
 
     schema = {"rank": pl.Int32, "n_collectives": pl.Int64, "n_last": pl.Int64, "last_pct": pl.Float64,
               "wait_caused_ms": pl.Float64, "wait_caused_per_rank_ms": pl.Float64, "own_wait_ms": pl.Float64,
-              "median_lateness_ms": pl.Float64, "n_ranks": pl.Int32, "wait_share_pct": pl.Float64}
+              "median_lateness_ms": pl.Float64, "n_ranks": pl.Int32, "wait_share_pct": pl.Float64,
+              "caused_share_pct": pl.Float64}
     ci = ensure(run, "collective_instances").filter(pl.col("n_ranks") >= 2 & pl.col("wait_ms").is_not_null())
     if ci.height == 0:
         return pl.DataFrame(schema=schema)
@@ -423,6 +424,12 @@ def straggler_summary(run: Run) -> pl.DataFrame:
         )
     else:
         per = per.with_columns(pl.lit(None, pl.Float64).alias("wait_share_pct"))
+    # of all the waiting in the run's collectives, the share this rank caused by arriving last: a rank that is
+    # late once per step before a burst of collectives is last at few of them but causes nearly all the waiting
+    total_wait = float(per["wait_caused_ms"].sum() or 0.0)
+    per = per.with_columns(
+        (pl.when(pl.lit(total_wait) > 0).then(100.0 * pl.col("wait_caused_ms") / pl.lit(total_wait))).alias("caused_share_pct")
+    )
     return per.select([pl.col(k).cast(t) for k, t in schema.items()]).sort("rank")
 
 
