@@ -16,13 +16,31 @@ _BY = ["rank", "source"]
 
 
 def _by_time(df: pl.DataFrame, steps: pl.DataFrame) -> pl.Series:
-    if df.height == 0 or steps.height == 0:
-        return pl.Series("step", [None] * df.height, dtype=pl.Int64)
-    left = df.select(*_BY, "ts").with_row_index("_i").with_columns(pl.col("ts").fill_null(-(1 << 62)))
-    right = steps.select(*_BY, pl.col("ts").alias("_sts"), pl.col("end").alias("_send"), pl.col("step").alias("_step")).sort("_sts")
-    j = left.sort("ts").join_asof(right, left_on="ts", right_on="_sts", by=_BY, strategy="backward", check_sortedness=False)
-    j = j.with_columns(pl.when(pl.col("ts") < pl.col("_send")).then(pl.col("_step")).otherwise(None).alias("step")).sort("_i")
-    return j["step"]
+    """The step whose [ts, end) window holds each row's ts, on the row's own rank and source.
+
+    Steps are few per (rank, source), so each group is one binary search of its rows' starts into the sorted
+    step starts: O(n log s), no join machinery.
+    """
+    n = df.height
+    if n == 0 or steps.height == 0:
+        return pl.Series("step", [None] * n, dtype=pl.Int64)
+    keyed = df.select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "ts").with_row_index("_i")
+    groups = steps.sort("ts").partition_by(_BY, as_dict=True)
+    parts = []
+    for key, rows in keyed.partition_by(_BY, as_dict=True).items():
+        st = groups.get(key)
+        if st is None:
+            continue
+        ts = rows["ts"].fill_null(-(1 << 62))
+        pos = (st["ts"].search_sorted(ts, side="right").cast(pl.Int64) - 1).alias("_pos")
+        cand = pl.DataFrame({"_i": rows["_i"], "ts": ts, "_pos": pos}).filter(pl.col("_pos") >= 0)
+        idx = cand["_pos"]
+        cand = cand.with_columns(st["end"].gather(idx).alias("_end"), st["step"].gather(idx).alias("step"))
+        parts.append(cand.filter(pl.col("ts") < pl.col("_end")).select("_i", "step"))
+    if not parts:
+        return pl.Series("step", [None] * n, dtype=pl.Int64)
+    found = pl.concat(parts)
+    return keyed.select("_i").join(found, on="_i", how="left", maintain_order="left")["step"].cast(pl.Int64)
 
 
 def assign_steps(run: Run) -> None:
