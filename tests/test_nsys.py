@@ -447,23 +447,29 @@ def test_nesting_matches_a_stack_walk(ranges):
 
 
 def _kern_sum_fixtures() -> list[tuple[Path, Path]]:
+    """(export, nsys stats CSV) pairs under fixtures/h200-*: the export the CSV's "Processing [...]" line names."""
     out = []
     for d in sorted(FIXTURES.glob("h200-*")):
         stats = d / "nsys_stats_cuda_gpu_kern_sum.csv"
         dbs = sorted(d.rglob("*.sqlite"))
-        if stats.is_file() and dbs:
-            out.append((dbs[0], stats))
+        if not (stats.is_file() and dbs):
+            continue
+        m = re.search(r"Processing \[([^\]]+)\]", stats.read_text())
+        named = [db for db in dbs if m and Path(m.group(1)).name == db.name]
+        out.append((named[0] if named else dbs[0], stats))
     return out
 
 
-def _read_kern_sum(path: Path) -> tuple[int, int]:
-    """(instances, total ns) summed over nsys stats' cuda_gpu_kern_sum CSV, whatever text precedes the header."""
+def _read_kern_sum(path: Path) -> dict[str, tuple[int, int]]:
+    """name -> (instances, total ns) from nsys stats' cuda_gpu_kern_sum CSV, whatever text precedes the header."""
     lines = path.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if "Instances" in line and "Total Time" in line)
-    rows = list(csv.DictReader(lines[start:]))
-    inst = sum(int(float(r["Instances"])) for r in rows)
-    total = sum(int(float(r[next(k for k in r if k.startswith("Total Time"))])) for r in rows)
-    return inst, total
+    out: dict[str, tuple[int, int]] = {}
+    for r in csv.DictReader(lines[start:]):
+        total = int(float(r[next(k for k in r if k.startswith("Total Time"))]))
+        n, t = out.get(r["Name"], (0, 0))
+        out[r["Name"]] = (n + int(float(r["Instances"])), t + total)
+    return out
 
 
 def test_matches_nsys_stats():
@@ -471,11 +477,14 @@ def test_matches_nsys_stats():
     if not pairs:
         pytest.skip("no fixtures/h200-*/ with both an nsys export and nsys_stats_cuda_gpu_kern_sum.csv committed yet")
     for db, stats in pairs:
-        want_n, want_ns = _read_kern_sum(stats)
+        want = _read_kern_sum(stats)
+        want_n, want_ns = sum(n for n, _ in want.values()), sum(t for _, t in want.values())
         _, t = _read(db)
         k = t["kernels"].filter(pl.col("kind").is_in(["compute", "comm"]))
         assert k.height == want_n, db
         assert abs(k["dur"].sum() - want_ns) <= 0.001 * want_ns, db
+        got = {name: (n, ns) for name, n, ns in k.group_by("name").agg(pl.len(), pl.col("dur").sum()).iter_rows()}
+        assert {name: n for name, (n, _) in got.items()} == {name: n for name, (n, _) in want.items()}, db
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -588,3 +597,21 @@ def test_tql208_threshold_is_a_parameter():
     assert all(f.evidence["util_pct"] < 50 for f in low)
     every = _findings(run, "TQL208", max_util_pct=1000.0)
     assert sorted(f.ranks[0] for f in every) == [0, 1]
+
+
+def test_gpu_time_util_uses_one_source_per_rank():
+    """h200-host-sync-per-step-nsys holds a Kineto trace and an nsys export of the same rank: two clocks."""
+    d = FIXTURES / "h200-host-sync-per-step-nsys"
+    if not d.is_dir():
+        pytest.skip("fixture not captured")
+    from traceql.link.gpu_util import gpu_time_util
+    from traceql.pipeline import load_run
+
+    run = load_run(d, use_cache=False)
+    k = run.tables["kernels"].filter(pl.col("rank") == 0)
+    assert k["source"].n_unique() == 2
+    util = gpu_time_util(run).filter(pl.col("rank") == 0)
+    spans = k.group_by("source").agg(pl.col("ts").min(), pl.col("end").max(), pl.col("dur").sum())
+    best = spans.sort("dur", descending=True).row(0, named=True)
+    assert util["ts"].min() == best["ts"] and util["end"].max() == best["end"]
+    assert abs(util["busy_ms"].sum() * 1e6 - best["dur"]) < 1

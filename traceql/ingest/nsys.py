@@ -31,6 +31,8 @@ from pathlib import Path
 
 import polars as pl
 
+from traceql.ingest import IngestError
+
 KIND = "nsys"
 SUPPORTED = True
 
@@ -72,8 +74,6 @@ class _Db:
     """A read-only connection plus what the export holds: table names, their columns, strings, enums."""
 
     def __init__(self, path: Path):
-        from traceql.ingest import IngestError
-
         self.path = path
         uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro"
         try:
@@ -93,8 +93,6 @@ class _Db:
         return table in self.tables
 
     def frame(self, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
-        from traceql.ingest import IngestError
-
         try:
             cur = self.con.execute(sql)
             out = []
@@ -519,8 +517,6 @@ def _assign_ranks(db: _Db, source, pids: pl.DataFrame) -> tuple[pl.DataFrame, st
 
 
 def read(path: Path, source) -> dict[str, pl.DataFrame]:
-    from traceql.ingest import IngestError
-
     path = Path(path)
     db = _Db(path)
     try:

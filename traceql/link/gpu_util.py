@@ -4,7 +4,8 @@ For each rank and device, the span from the start of its first GPU operation to 
 CHUNKS equal chunks; a chunk's utilisation is the time GPU operations (kernels, NCCL kernels, memcpy, memset)
 overlap it, summed and divided by the chunk's length. Concurrent operations add up, so it can pass 100%; it is
 "time" utilisation, not how much of the GPU a kernel used. Nothing is done per row in Python: each operation is
-split into the chunks it touches with an exploded integer range and clipped.
+split into the chunks it touches with an exploded integer range and clipped. Where a rank has several sources,
+only the one with the most GPU time is used (their clocks differ).
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ def gpu_time_util(run: Run) -> pl.DataFrame:
               "chunk_ms": pl.Float64, "busy_ms": pl.Float64, "util_pct": pl.Float64, "step": pl.Int64}
     if not k.height:
         return pl.DataFrame(schema=schema)
+    # A rank can come from several sources (a Kineto trace and an nsys export of one process), each on its own
+    # clock: use the one that recorded the most GPU activity, never a mix.
+    best = (k.group_by("rank", "source").agg(pl.col("dur").sum().alias("_busy"), pl.len().alias("_n"))
+            .sort(["rank", "_busy", "_n", "source"], descending=[False, True, True, False])
+            .unique("rank", keep="first").select("rank", "source"))
+    k = k.join(best, on=["rank", "source"], how="inner")
     key = ["rank", "device"]
     span = k.group_by(key).agg(pl.col("ts").min().alias("t0"), pl.col("end").max().alias("t1"))
     # Chunk length rounded up to whole ns, as nsys does; the last chunk may then end past t1 and is cut there.
