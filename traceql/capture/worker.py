@@ -160,7 +160,7 @@ def main(argv=None) -> int:
 
     gen = torch.Generator(device="cpu").manual_seed(1234 + rank)
 
-    def batch_for(step: int):
+    def make_batch(step: int):
         n = batch
         if "new_shape_every_step" in traits:
             n = batch + 8 * step  # a new static shape every step
@@ -170,6 +170,14 @@ def main(argv=None) -> int:
         y = torch.randint(0, n_out, (n,), generator=gen)
         if device.type == "cuda":  # pinned, as a DataLoader(pin_memory=True) gives: the copies stay asynchronous
             x, y = x.pin_memory(), y.pin_memory()
+        return x, y
+
+    # Batches are made before the loop, as a prefetching data loader would: the step itself only copies them in.
+    micro = MICRO_BATCHES if "grad_accum" in traits else 1
+    pool = {(s, m): make_batch(s) for s in range(sc.warm_steps + 2 + args.steps) for m in range(micro)}
+
+    def batch_for(step: int, m: int = 0):
+        x, y = pool[(step, m)]
         return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
     def forward_loss(x, y):
@@ -181,8 +189,8 @@ def main(argv=None) -> int:
     def train_step(step: int):
         opt.zero_grad(set_to_none=True)
         if "grad_accum" in traits:
-            for _ in range(MICRO_BATCHES):  # every backward all-reduces: no_sync() is missing
-                x, y = batch_for(step)
+            for m in range(MICRO_BATCHES):  # every backward all-reduces: no_sync() is missing
+                x, y = batch_for(step, m)
                 (forward_loss(x, y) / MICRO_BATCHES).backward()
             opt.step()
             return None
