@@ -614,3 +614,19 @@ def test_gpu_time_util_uses_one_source_per_rank():
     util = gpu_time_util(two)
     assert util["ts"].min() == k0["ts"].min() and util["end"].max() == k0["end"].max()
     assert abs(util["busy_ms"].sum() * 1e6 - k0["dur"].sum()) < 1
+
+
+@needs_corpus
+@pytest.mark.parametrize("path", [MFU, MOCK], ids=lambda p: p.name)
+def test_fast_and_standard_readers_agree(path, monkeypatch):
+    """The optional ADBC reader (adbc-driver-sqlite) and the sqlite3 one give identical tables."""
+    if nsys._adbc is None:
+        pytest.skip("adbc-driver-sqlite not installed (optional fast reader)")
+    monkeypatch.delenv(nsys.READER_ENV, raising=False)
+    fast_src, fast = _read(path)
+    monkeypatch.setenv(nsys.READER_ENV, "sqlite3")
+    std_src, std = _read(path)
+    assert (fast_src.meta["reader"], std_src.meta["reader"]) == ("adbc", "sqlite3")
+    assert fast.keys() == std.keys()
+    for name in fast:
+        assert fast[name].equals(std[name]), name

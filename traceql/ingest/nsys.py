@@ -33,6 +33,11 @@ import polars as pl
 
 from traceql.ingest import IngestError
 
+try:  # optional: reads SQLite straight into Arrow, about 3x faster than sqlite3's tuples on big exports
+    import adbc_driver_sqlite.dbapi as _adbc
+except ImportError:  # pragma: no cover - depends on the install
+    _adbc = None
+
 KIND = "nsys"
 SUPPORTED = True
 
@@ -40,6 +45,7 @@ SUPPORTED = True
 STEP_PATTERN = r"(?i)^(?:ProfilerStep#(\d+)|step[ _#]?(\d+))$"
 STEP_PATTERN_ENV = "TRACEQL_NSYS_STEP_PATTERN"
 SENSITIVE_ENV = "TRACEQL_SHOW_SENSITIVE"
+READER_ENV = "TRACEQL_NSYS_READER"  # "sqlite3" forces the standard-library reader even where ADBC is installed
 
 # Environment variables (in the launched process's recorded environment) that name the global rank, best first.
 _RANK_ENV = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
@@ -83,6 +89,12 @@ class _Db:
         except sqlite3.DatabaseError as e:
             raise IngestError(_db_error(path, e)) from None
         self._cols: dict[str, set[str]] = {}
+        self.fast = None
+        if _adbc is not None and os.environ.get(READER_ENV, "") != "sqlite3":
+            try:
+                self.fast = _adbc.connect(uri)
+            except Exception:  # any trouble: the sqlite3 reader does the job, only slower
+                self.fast = None
 
     def cols(self, table: str) -> set[str]:
         if table not in self._cols:
@@ -93,6 +105,19 @@ class _Db:
         return table in self.tables
 
     def frame(self, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+        if self.fast is not None:
+            try:
+                cur = self.fast.cursor()
+                try:
+                    cur.execute(sql)
+                    df = pl.from_arrow(cur.fetch_arrow_table())
+                finally:
+                    cur.close()
+                df = df.rename(dict(zip(df.columns, schema)))
+                # strict: a column typed from its first rows that does not fit fails here, and sqlite3 reads it
+                return df.select(pl.col(c).cast(t, strict=True) for c, t in schema.items())
+            except Exception:
+                self.close_fast()
         try:
             cur = self.con.execute(sql)
             out = []
@@ -104,6 +129,18 @@ class _Db:
         except sqlite3.DatabaseError as e:
             raise IngestError(_db_error(self.path, e)) from None
         return pl.concat(out) if out else pl.DataFrame(schema=schema)
+
+    def close_fast(self) -> None:
+        if self.fast is not None:
+            try:
+                self.fast.close()
+            except Exception:
+                pass
+            self.fast = None
+
+    def close(self) -> None:
+        self.close_fast()
+        self.con.close()
 
     def enum(self, table: str) -> dict[int, str]:
         if not self.has(table):
@@ -338,7 +375,7 @@ def _nvtx_own_connection(path: Path, strings: pl.DataFrame) -> pl.DataFrame:
     try:
         return _nvtx(db, strings)
     finally:
-        db.con.close()
+        db.close()
 
 
 def _nest(ops: pl.DataFrame) -> pl.DataFrame:
@@ -549,10 +586,11 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
             source.detail = "no GPU activity recorded (no kernel, memcpy or memset rows); was CUDA traced (-t cuda)?"
             source.meta.update(meta)
             return {}
+        meta["reader"] = "adbc" if db.fast is not None else "sqlite3"
         rank_map, origin, note = _assign_ranks(db, source, gpu_pids)
         rank_map = rank_map.select("pid", pl.col("rank").cast(pl.Int32))
     finally:
-        db.con.close()
+        db.close()
 
     collectives = _collectives(host_ops, runtime, kernels)
     steps = _steps(host_ops)
