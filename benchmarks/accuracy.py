@@ -125,9 +125,9 @@ def evaluate(run: Path, report: dict | None, error: str, known: set[str]) -> lis
 
 
 def table(rows: list[dict], known: set[str]) -> str:
+    cols = ("expected", "found", "wrong", "missed", "false", "other", "not_yet", "error")
     rules = sorted({r["rule"] for r in rows if r["rule"] not in (QUIET, "other")} | known)
-    stats = {k: dict.fromkeys(("expected", "found", "wrong", "missed", "false", "other", "not_yet", "error"), 0)
-             for k in rules}
+    stats = {k: dict.fromkeys(cols, 0) for k in rules}
     for r in rows:
         if r["rule"] in stats:
             s = stats[r["rule"]]
@@ -136,9 +136,7 @@ def table(rows: list[dict], known: set[str]) -> str:
                    "error": "error"}[r["status"]]
             s[key] += 1
         for rule, n in r.get("alarms", {}).items():
-            stats.setdefault(rule, dict.fromkeys(stats[rules[0]] if rules else (), 0) or
-                             dict.fromkeys(("expected", "found", "wrong", "missed", "false", "other", "not_yet",
-                                            "error"), 0))
+            stats.setdefault(rule, dict.fromkeys(cols, 0))
             stats[rule]["false" if r["rule"] == QUIET else "other"] += n
     head = f"{'rule':<8} {'exists':>6} {'expected':>8} {'found':>5} {'wrong ranks':>11} {'missed':>6} " \
            f"{'false alarms':>12} {'other':>5} {'not yet':>7} {'error':>5}"
