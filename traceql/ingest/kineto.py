@@ -19,6 +19,11 @@ from pathlib import Path
 import orjson
 import polars as pl
 
+try:  # the fast path; without it every trace goes through the whole-document parser
+    import msgspec
+except ImportError:  # pragma: no cover
+    msgspec = None
+
 from traceql.ingest import IngestError
 from traceql.model import Source
 
@@ -356,43 +361,48 @@ def _ints(values: list) -> pl.Series:
     return s
 
 
+def _id_cols(values: list) -> tuple[pl.Series, pl.Series | None]:
+    """pid/tid values -> (int64 column, the names of the non-numeric ones or None). Numeric strings are numbers."""
+    s = pl.Series(values, dtype=pl.Int64, strict=False)
+    names = None
+    if s.null_count():
+        bad = [i for i in s.is_null().arg_true().to_list() if values[i] is not None]
+        fix_i, fix_v = [], []
+        for i in bad:
+            v = values[i]
+            if type(v) is int:  # beyond int64: null
+                continue
+            t = v if type(v) is str else str(v)
+            if t.lstrip("-").isdigit():
+                fix_i.append(i)
+                fix_v.append(_int1(t))
+            else:
+                if names is None:
+                    names = [None] * len(values)
+                names[i] = t
+        if fix_i:
+            s = s.scatter(fix_i, pl.Series(fix_v, dtype=pl.Int64))
+    return s, (None if names is None else pl.Series(names, dtype=pl.String))
+
+
 class _Ids:
-    """pid/tid values as int64: strings ("Spans", "Traces", "stream 7") get stable negative ids."""
+    """Names used as pid/tid ("Spans", "Traces", "stream 7") get stable negative ids, in the order the tables meet
+    them (kernels, host ops, runtime, syncs, flows)."""
 
     def __init__(self):
         self.strings: dict[str, int] = {}
 
-    def one(self, v):
-        if type(v) is int:
-            return v if -_I64 <= v < _I64 else None
-        if v is None:
-            return None
-        t = str(v)
-        if t.lstrip("-").isdigit():
-            return _int1(t)
-        return self.strings.setdefault(t, -1 - len(self.strings))
-
-    def col(self, values: list) -> pl.Series:
-        s = pl.Series(values, dtype=pl.Int64, strict=False)
-        if s.null_count():
-            bad = [i for i in s.is_null().arg_true().to_list() if values[i] is not None]
-            if bad:
-                s = s.scatter(bad, pl.Series([self.one(values[i]) for i in bad], dtype=pl.Int64))
-        return s
+    def resolve(self, df: pl.DataFrame, col: str) -> pl.Series:
+        s = df[col]
+        names = df[col + "_s"]
+        if names.null_count() == names.len():
+            return s
+        for t in names.drop_nulls().unique(maintain_order=True).to_list():
+            self.strings.setdefault(t, -1 - len(self.strings))
+        return s.fill_null(names.replace_strict(self.strings, default=None, return_dtype=pl.Int64))
 
 
 _NOARGS: dict = {}
-
-
-def _args(events: list) -> list:
-    return [e.get("args") or _NOARGS for e in events]
-
-
-def _arg(args: list, key: str, alt: str | None = None) -> list:
-    """One args field per event (no schema inferred from the first rows: every event is asked)."""
-    if alt is None:
-        return [a.get(key) for a in args]
-    return [a[key] if key in a else a.get(alt) for a in args]
 
 
 def _str_col(values: list) -> pl.Series:
@@ -402,49 +412,230 @@ def _str_col(values: list) -> pl.Series:
     return s
 
 
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Events -> columns, one chunk at a time
+#
+# Both parsers (msgspec over chunks of the event array, orjson over the whole document) hand their events to the
+# same code as plain lists of field values; from there on everything is polars, so both give the same tables.
+
+# args keys read from every event: attribute name -> JSON key. Collective keys are only present on
+# record_param_comms and the nccl:/gloo: annotations, so decoding them costs nothing elsewhere.
+_ARG_KEYS = {
+    "device": "device", "stream": "stream", "correlation": "correlation",
+    "ext": "External id", "ext2": "external id", "nbytes": "bytes",
+    "sync_kind": "cuda_sync_kind", "wait_event": "wait_on_cuda_event_id", "event": "event",
+    "coll_name": "Collective name", "pg_name": "Process Group Name", "pg_desc": "Process Group Description",
+    "pg_ranks": "Process Group Ranks", "group_size": "Group size", "in_nelems": "In msg nelems",
+    "out_nelems": "Out msg nelems", "dtype": "dtype", "seq_a": "Seq", "seq_b": "seq", "seq_c": "seq_num",
+    "seq_d": "Seq num", "seq_e": "sequence_number",
+}
+_COLL_ATTRS = [a for a in _ARG_KEYS if list(_ARG_KEYS).index(a) >= list(_ARG_KEYS).index("coll_name")]
+
+if msgspec is not None:
+    from typing import Any, Union
+
+    _Args = msgspec.defstruct(
+        "_Args", [(a, Any, msgspec.field(default=None, name=k)) for a, k in _ARG_KEYS.items()], forbid_unknown_fields=False
+    )
+    _Event = msgspec.defstruct(
+        "_Event",
+        [("ph", Any, None), ("cat", Any, None), ("name", Any, None), ("pid", Any, None), ("tid", Any, None),
+         ("ts", Any, None), ("dur", Any, 0), ("id", Any, None), ("args", Union[_Args, None], None)],
+    )
+    _DECODER = msgspec.json.Decoder(list[_Event])
+    _NO_ARGS = _Args()
+
+# Columns each table's bucket keeps from a chunk.
+_BUCKET_COLS = {
+    "k": ["id", "pid", "pid_s", "tid", "tid_s", "name", "cat", "ts", "dur", "device", "stream", "correlation",
+          "external_id", "bytes"],
+    "h": ["id", "pid", "pid_s", "tid", "tid_s", "name", "cat", "ts", "dur", "external_id"],
+    "r": ["id", "pid", "pid_s", "tid", "tid_s", "name", "cat", "ts", "dur", "correlation", "external_id"],
+    "s": ["id", "pid", "pid_s", "name", "ts", "dur", "device", "stream", "correlation", "sync_kind", "event"],
+    "f": ["ph", "cat", "name", "flow_id", "pid", "pid_s", "tid", "tid_s", "ts"],
+}
+
+
+class _Acc:
+    """Accumulates the per-table columns of each chunk of events, plus the few facts read per event."""
+
+    def __init__(self):
+        self.parts: dict[str, list[pl.DataFrame]] = {b: [] for b in _BUCKET_COLS}
+        self.coll_args: dict[int, dict] = {}  # host op id -> args, for collective calls only
+        self.skipped: dict[str, int] = {}
+        self.n_events = 0
+        self.n_instant = 0
+        self.mtia = False
+        self.ctrl = 0  # raw control characters escaped
+        self.be: list = []  # B/E events (orjson path only)
+
+    # One chunk: lists of field values, in file order, starting at event index i0.
+    def add_columns(self, i0: int, c: dict, args_of, idx: list | None = None) -> None:
+        n = len(c["ph"])
+        pid, pid_s = _id_cols(c["pid"])
+        tid, tid_s = _id_cols(c["tid"])
+        df = pl.DataFrame(
+            {
+                "id": pl.int_range(i0, i0 + n, dtype=pl.Int64, eager=True) if idx is None else pl.Series(idx, dtype=pl.Int64),
+                "ph": _str_col(c["ph"]),
+                "cat": _str_col(c["cat"]),
+                "name": _str_col(c["name"]),
+                "pid": pid,
+                "pid_s": pid_s,
+                "tid": tid,
+                "tid_s": tid_s,
+                "ts": _ns(c["ts"]),
+                "dur": _ns(c["dur"]),
+                "flow_id": _ints(c["id"]),
+                "device": _ints(c["device"]),
+                "stream": _ints(c["stream"]),
+                "correlation": _ints(c["correlation"]),
+                "external_id": _ints(c["ext"]).fill_null(_ints(c["ext2"])),
+                "bytes": _ints(c["nbytes"]),
+                "sync_kind": _str_col(c["sync_kind"]),
+                "event": _ints(c["wait_event"]).fill_null(_ints(c["event"])),
+            },
+            schema_overrides={"ph": pl.String, "cat": pl.String, "name": pl.String, "sync_kind": pl.String,
+                              "pid_s": pl.String, "tid_s": pl.String},
+        )
+        self.n_events += n if idx is None else 0
+        self._route(df, args_of)
+
+    def _route(self, df: pl.DataFrame, args_of) -> None:
+        ph = pl.col("ph")
+        lc = pl.col("cat").str.to_lowercase()
+        bucket = (
+            pl.when(ph == "X")
+            .then(
+                pl.when(lc.is_in(list(_KERNEL_CATS))).then(pl.lit("k"))
+                .when(lc.is_in(list(_RUNTIME_CATS))).then(pl.lit("r"))
+                .when(lc.is_in(list(_SYNC_CATS))).then(pl.lit("s"))
+                .when(lc.is_in(list(_SKIP_CATS))).then(pl.lit("skip"))
+                .otherwise(pl.lit("h"))
+            )
+            .when(ph.is_in(["s", "f", "t"])).then(pl.lit("f"))
+            .when(ph.is_in(["B", "E"])).then(pl.lit("be"))
+            .when(ph.is_in(["i", "I"])).then(pl.lit("i"))
+            .otherwise(pl.lit(None, dtype=pl.String))
+        )
+        parts = df.with_row_index("_pos").with_columns(_b=bucket).partition_by("_b", as_dict=True, include_key=False)
+        for (b,), part in parts.items():
+            if b in _BUCKET_COLS:
+                self.parts[b].append(part.select(_BUCKET_COLS[b]))
+            elif b == "skip":
+                for c, k in part.select(pl.col("cat").str.to_lowercase()).to_series().value_counts().iter_rows():
+                    self.skipped[c] = self.skipped.get(c, 0) + k
+            elif b == "i":
+                self.n_instant += part.height
+            elif b == "be":  # only the msgspec path sees them: the orjson path pairs them first
+                raise _Fallback("B/E events")
+        h = parts.get(("h",))
+        if h is not None:
+            calls = h.filter(
+                (pl.col("name") == "record_param_comms") | pl.col("name").str.contains("(?i)" + _ANNOT.pattern).fill_null(False)
+            )
+            for i, pos in calls.select("id", "_pos").iter_rows():
+                self.coll_args[i] = args_of(pos)
+        r = parts.get(("r",))
+        if r is not None and not self.mtia:
+            self.mtia = bool((r["cat"] == "mtia_runtime").any())
+
+    def add_structs(self, i0: int, evs: list) -> None:
+        a = [e.args or _NO_ARGS for e in evs]
+        c = {
+            "ph": [e.ph for e in evs], "cat": [e.cat for e in evs], "name": [e.name for e in evs],
+            "pid": [e.pid for e in evs], "tid": [e.tid for e in evs], "ts": [e.ts for e in evs],
+            "dur": [e.dur for e in evs], "id": [e.id for e in evs],
+            "device": [x.device for x in a], "stream": [x.stream for x in a], "correlation": [x.correlation for x in a],
+            "ext": [x.ext for x in a], "ext2": [x.ext2 for x in a], "nbytes": [x.nbytes for x in a],
+            "sync_kind": [x.sync_kind for x in a], "wait_event": [x.wait_event for x in a], "event": [x.event for x in a],
+        }
+
+        def args_of(j):
+            x = a[j]
+            return {_ARG_KEYS[k]: v for k in _COLL_ATTRS if (v := getattr(x, k)) is not None}
+
+        self.add_columns(i0, c, args_of)
+
+    def add_dicts(self, i0: int, events: list, idx: list | None = None) -> None:
+        evs = []
+        for j, e in enumerate(events):
+            if type(e) is not dict:
+                e = _NOARGS
+            else:
+                ph = e.get("ph")
+                if ph == "B" or ph == "E":
+                    self.be.append((i0 + j, e))
+                    e = _NOARGS  # counted, routed later as paired X events
+                elif type(e.get("cat")) not in (str, type(None)):
+                    try:
+                        hash(e["cat"])
+                    except TypeError:  # an unhashable cat: not a Kineto event
+                        e = _NOARGS
+            evs.append(e)
+        a = [x if type(x := e.get("args")) is dict else _NOARGS for e in evs]
+        g = dict.get
+        c = {
+            "ph": [g(e, "ph") for e in evs], "cat": [g(e, "cat") for e in evs], "name": [g(e, "name") for e in evs],
+            "pid": [g(e, "pid") for e in evs], "tid": [g(e, "tid") for e in evs], "ts": [g(e, "ts") for e in evs],
+            "dur": [g(e, "dur", 0) for e in evs], "id": [g(e, "id") for e in evs],
+        }
+        for attr in ("device", "stream", "correlation", "ext", "ext2", "nbytes", "sync_kind", "wait_event", "event"):
+            key = _ARG_KEYS[attr]
+            c[attr] = [g(x, key) for x in a]
+        self.add_columns(i0, c, lambda j: a[j], idx)
+
+    def finish_be(self) -> None:
+        """B/E pairs (orjson path) become host ops with the index of their B event."""
+        if not self.be:
+            return
+        pairs = _pair_be(self.be)
+        self.be = []
+        if pairs:
+            self.add_dicts(0, [x for _, x in pairs], idx=[i for i, _ in pairs])
+
+    def frame(self, b: str) -> pl.DataFrame | None:
+        parts = [p for p in self.parts[b] if p.height]
+        if not parts:
+            return None
+        return pl.concat(parts, how="vertical") if len(parts) > 1 else parts[0]
+
+
+class _Fallback(Exception):
+    """The fast path cannot read this input; the whole-document parser will."""
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Tables
 
 
-def _spans(events: list) -> tuple[pl.Series, pl.Series, pl.Series]:
-    ts = _ns([e.get("ts") for e in events])
-    dur = _ns([e.get("dur", 0) for e in events])
-    return ts, dur, ts + dur
-
-
-def _kernels(evs: list, idx: list, ids: _Ids) -> pl.DataFrame:
-    if not evs:
+def _kernels(df: pl.DataFrame | None, ids: _Ids) -> pl.DataFrame | None:
+    if df is None:
         return None
-    ts, dur, end = _spans(evs)
-    cats = _str_col([e.get("cat") for e in evs]).str.to_lowercase()
-    a = _args(evs)
-    df = pl.DataFrame(
-        {
-            "id": idx,
-            "device": _ints(_arg(a, "device")).fill_null(ids.col([e.get("pid") for e in evs])),
-            "stream": _ints(_arg(a, "stream")).fill_null(ids.col([e.get("tid") for e in evs])),
-            "name": _str_col([e.get("name") for e in evs]),
-            "cat": cats,
-            "ts": ts,
-            "dur": dur,
-            "end": end,
-            "correlation": _ints(_arg(a, "correlation")),
-            "external_id": _ints(_arg(a, "External id", "external id")),
-            "bytes": _ints(_arg(a, "bytes")),
-        },
-        schema_overrides={"id": pl.Int64, "device": pl.Int64, "stream": pl.Int64, "ts": pl.Int64, "dur": pl.Int64,
-                          "end": pl.Int64, "correlation": pl.Int64, "external_id": pl.Int64, "bytes": pl.Int64},
-    )
+    df = df.with_columns(pid=ids.resolve(df, "pid"), tid=ids.resolve(df, "tid"))
     name = pl.col("name")
     low = name.str.to_lowercase()
-    is_comm = (pl.col("cat") == "kernel") & (
+    cat = pl.col("cat").str.to_lowercase()
+    is_comm = (cat == "kernel") & (
         low.str.starts_with("nccl") | low.str.starts_with("rccl") | low.str.contains("nccl", literal=True)
     )
     mem = name.str.extract_groups(r"^Memcpy (\w+)(?: \((\w+) -> (\w+)\))?")
-    return df.with_columns(
-        kind=pl.when(pl.col("cat") == "gpu_memcpy")
+    return df.select(
+        "id",
+        device=pl.col("device").fill_null(pl.col("pid")),
+        stream=pl.col("stream").fill_null(pl.col("tid")),
+        name=name,
+        ts="ts",
+        dur="dur",
+        end=pl.col("ts") + pl.col("dur"),
+        correlation="correlation",
+        external_id="external_id",
+        bytes="bytes",
+        kind=pl.when(cat == "gpu_memcpy")
         .then(pl.lit("memcpy"))
-        .when(pl.col("cat") == "gpu_memset")
+        .when(cat == "gpu_memset")
         .then(pl.lit("memset"))
         .when(is_comm)
         .then(pl.lit("comm"))
@@ -457,7 +648,76 @@ def _kernels(evs: list, idx: list, ids: _Ids) -> pl.DataFrame:
         copy_kind=mem.struct.field("1"),
         src_memory=mem.struct.field("2").str.to_lowercase().replace({"host": None}),
         dst_memory=mem.struct.field("3").str.to_lowercase().replace({"host": None}),
-    ).drop("cat")
+    )
+
+
+def _host_ops(df: pl.DataFrame | None, ids: _Ids) -> pl.DataFrame | None:
+    if df is None:
+        return None
+    df = df.with_columns(pid=ids.resolve(df, "pid"), tid=ids.resolve(df, "tid"), end=pl.col("ts") + pl.col("dur"))
+    parent, depth = _nest(df["pid"], df["tid"], df["ts"], df["end"], df["id"].to_list())
+    return df.select("id", "pid", "tid", "name", "cat", "ts", "end", "dur").with_columns(
+        parent=pl.Series(parent, dtype=pl.Int64),
+        depth=pl.Series(depth, dtype=pl.Int32),
+        external_id=df["external_id"],
+    )
+
+
+def _runtime(df: pl.DataFrame | None, ids: _Ids) -> pl.DataFrame | None:
+    if df is None:
+        return None
+    df = df.with_columns(pid=ids.resolve(df, "pid"), tid=ids.resolve(df, "tid"))
+    name = pl.col("name").str.replace(r"_v\d+$", "")
+    return df.select(
+        "id", "pid", "tid", name=name, ts="ts", end=pl.col("ts") + pl.col("dur"), dur="dur",
+        correlation="correlation", external_id="external_id", kind=_runtime_kind_expr(name),
+    )
+
+
+def _sync_kind_expr(text: pl.Expr) -> pl.Expr:
+    s = text.str.to_lowercase()
+    expr = pl.when(pl.lit(False)).then(pl.lit(None, dtype=pl.String))
+    for pat, kind in _SYNC_KIND:
+        expr = expr.when(s.str.contains(pat, literal=True)).then(pl.lit(kind))
+    return expr.otherwise(pl.lit(None, dtype=pl.String))
+
+
+def _syncs(df: pl.DataFrame | None, ids: _Ids) -> pl.DataFrame | None:
+    if df is None:
+        return None
+    df = df.with_columns(pid=ids.resolve(df, "pid"))
+    given = pl.col("sync_kind").fill_null("")
+    kind = (
+        pl.when(given != "")
+        .then(_sync_kind_expr(given).fill_null(pl.lit("other")))
+        .otherwise(_sync_kind_expr(pl.col("name").fill_null("")).fill_null(pl.lit("other")))
+    )
+    return df.select(
+        "id", device=pl.col("device").fill_null(pl.col("pid")), stream="stream", kind=kind, ts="ts",
+        end=pl.col("ts") + pl.col("dur"), dur="dur", correlation="correlation", event="event",
+    )
+
+
+def _flows(df: pl.DataFrame | None, ids: _Ids) -> pl.DataFrame | None:
+    if df is None:
+        return None
+    df = df.with_columns(pid=ids.resolve(df, "pid"), tid=ids.resolve(df, "tid"))
+    df = df.select(
+        "ph",
+        kind=pl.when(pl.col("cat").is_null() | (pl.col("cat") == "")).then(pl.col("name")).otherwise(pl.col("cat")),
+        flow_id="flow_id", pid="pid", tid="tid", ts="ts",
+    )
+    src = (
+        df.filter(pl.col("ph") == "s")
+        .unique(["kind", "flow_id"], keep="first", maintain_order=True)
+        .select("kind", "flow_id", src_pid="pid", src_tid="tid", src_ts="ts")
+    )
+    dst = (
+        df.filter(pl.col("ph") == "f")
+        .unique(["kind", "flow_id"], keep="first", maintain_order=True)
+        .select("kind", "flow_id", dst_pid="pid", dst_tid="tid", dst_ts="ts")
+    )
+    return src.join(dst, on=["kind", "flow_id"], how="full", coalesce=True, nulls_equal=False)
 
 
 def _nest(pid: pl.Series, tid: pl.Series, ts: pl.Series, end: pl.Series, ids: list) -> tuple[list, list]:
@@ -525,110 +785,142 @@ def _pair_be(evs: list) -> list:
     return out
 
 
-def _host_ops(evs: list, idx: list, ids: _Ids) -> pl.DataFrame | None:
-    if not evs:
-        return None
-    ts, dur, end = _spans(evs)
-    pid = ids.col([e.get("pid") for e in evs])
-    tid = ids.col([e.get("tid") for e in evs])
-    parent, depth = _nest(pid, tid, ts, end, idx)
-    a = _args(evs)
-    return pl.DataFrame(
-        {
-            "id": idx,
-            "pid": pid,
-            "tid": tid,
-            "name": _str_col([e.get("name") for e in evs]),
-            "cat": _str_col([e.get("cat") for e in evs]),
-            "ts": ts,
-            "end": end,
-            "dur": dur,
-            "parent": parent,
-            "depth": depth,
-            "external_id": _ints(_arg(a, "External id", "external id")),
-        },
-        schema_overrides={"id": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "ts": pl.Int64, "end": pl.Int64,
-                          "dur": pl.Int64, "parent": pl.Int64, "depth": pl.Int32, "external_id": pl.Int64},
-    )
+# ----------------------------------------------------------------------------------------------------------------
+# The fast path: the event array in chunks, cut where Kineto's layout puts an event boundary
+#
+# Kineto writes one event per group of lines at two spaces of indentation: "  {\n ... \n  },\n  {\n". A line
+# "  }," followed by "  {" can only be the end of one top-level event and the start of the next (strings cannot hold
+# raw newlines, nested values are indented deeper), so the array is cut there into chunks of a few MB, each decoded
+# on its own as a JSON list (msgspec, into structs that keep only the fields the tables need). Memory holds one
+# chunk's objects at a time plus the columns built so far; gzip is decompressed block by block. Anything else (other
+# layouts, B/E events, values of unexpected types, a damaged header) goes to the whole-document parser below.
+
+_BLOCK = 8 << 20  # bytes of JSON per chunk (about 30k events)
+_EV_SEP = b"\n  },\n  {"
+_ARR_END = re.compile(rb"\n  \}\s*\]")  # the last event, then the array's end
+_ARR_HEAD = re.compile(rb'"traceEvents"\s*:\s*\[\n  \{\n')
 
 
-def _runtime(evs: list, idx: list, ids: _Ids) -> pl.DataFrame | None:
-    if not evs:
-        return None
-    ts, dur, end = _spans(evs)
-    a = _args(evs)
-    df = pl.DataFrame(
-        {
-            "id": idx,
-            "pid": ids.col([e.get("pid") for e in evs]),
-            "tid": ids.col([e.get("tid") for e in evs]),
-            "name": _str_col([e.get("name") for e in evs]),
-            "ts": ts,
-            "end": end,
-            "dur": dur,
-            "correlation": _ints(_arg(a, "correlation")),
-            "external_id": _ints(_arg(a, "External id", "external id")),
-        },
-        schema_overrides={"id": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "ts": pl.Int64, "end": pl.Int64,
-                          "dur": pl.Int64, "correlation": pl.Int64, "external_id": pl.Int64},
-    )
-    df = df.with_columns(pl.col("name").str.replace(r"_v\d+$", ""))
-    return df.with_columns(kind=_runtime_kind_expr(pl.col("name")))
+def _blocks(path: Path, notes: list, size: int = _BLOCK):
+    """The file's (gunzipped) bytes, block by block; a broken gzip stream ends the blocks with a note."""
+    with open(path, "rb") as f:
+        magic = f.read(2)
+        f.seek(0)
+        if magic != b"\x1f\x8b":
+            while block := f.read(size):
+                yield block
+            return
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        pos = 0
+        while not d.eof:
+            raw = f.read(1 << 20)
+            if not raw:
+                break
+            pos += len(raw)
+            while raw:
+                try:
+                    out = d.decompress(raw, size)
+                except zlib.error as e:
+                    notes.append(f"gzip stream is corrupt near compressed byte {pos} ({e})")
+                    return
+                if out:
+                    yield out
+                raw = d.unconsumed_tail
+                if d.eof:
+                    break
+        if not d.eof:
+            notes.append(f"gzip stream ends early at compressed byte {pos}")
 
 
-def _syncs(evs: list, idx: list, ids: _Ids) -> pl.DataFrame | None:
-    if not evs:
-        return None
-    ts, dur, end = _spans(evs)
-    a = _args(evs)
-    kinds = []
-    for k in _arg(a, "cuda_sync_kind"):
-        s = (k or "").lower()
-        kinds.append(next((v for pat, v in _SYNC_KIND if pat in s), "other" if s else None))
-    names = [e.get("name") for e in evs]
-    kinds = [k or next((v for pat, v in _SYNC_KIND if pat in (n or "").lower()), "other") for k, n in zip(kinds, names)]
-    return pl.DataFrame(
-        {
-            "id": idx,
-            "device": _ints(_arg(a, "device")).fill_null(ids.col([e.get("pid") for e in evs])),
-            "stream": _ints(_arg(a, "stream")),
-            "kind": kinds,
-            "ts": ts,
-            "end": end,
-            "dur": dur,
-            "correlation": _ints(_arg(a, "correlation")),
-            "event": _ints(_arg(a, "wait_on_cuda_event_id", "event")),
-        },
-        schema_overrides={"id": pl.Int64, "device": pl.Int64, "stream": pl.Int64, "ts": pl.Int64, "end": pl.Int64,
-                          "dur": pl.Int64, "correlation": pl.Int64, "event": pl.Int64},
-    )
+def _decode_chunk(chunk: bytes, acc: _Acc, i0: int) -> int:
+    """Decode one chunk of whole events (their text, comma-separated) into acc; returns the number of events."""
+    try:
+        evs = _DECODER.decode(b"[" + chunk + b"]")
+    except msgspec.DecodeError:
+        if not _CTRL.search(chunk):
+            raise _Fallback("chunk does not decode") from None
+        chunk, n = _escape_ctrl(chunk)
+        acc.ctrl += n
+        try:
+            evs = _DECODER.decode(b"[" + chunk + b"]")
+        except msgspec.DecodeError:
+            raise _Fallback("chunk does not decode") from None
+    acc.add_structs(i0, evs)
+    return len(evs)
 
 
-def _flows(evs: list, ids: _Ids) -> pl.DataFrame | None:
-    if not evs:
-        return None
-    df = pl.DataFrame(
-        {
-            "ph": [e.get("ph") for e in evs],
-            "kind": _str_col([e.get("cat") or e.get("name") for e in evs]),
-            "flow_id": _ints([e.get("id") for e in evs]),
-            "pid": ids.col([e.get("pid") for e in evs]),
-            "tid": ids.col([e.get("tid") for e in evs]),
-            "ts": _ns([e.get("ts") for e in evs]),
-        },
-        schema_overrides={"flow_id": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "ts": pl.Int64},
-    )
-    src = (
-        df.filter(pl.col("ph") == "s")
-        .unique(["kind", "flow_id"], keep="first", maintain_order=True)
-        .select("kind", "flow_id", src_pid="pid", src_tid="tid", src_ts="ts")
-    )
-    dst = (
-        df.filter(pl.col("ph") == "f")
-        .unique(["kind", "flow_id"], keep="first", maintain_order=True)
-        .select("kind", "flow_id", dst_pid="pid", dst_tid="tid", dst_ts="ts")
-    )
-    return src.join(dst, on=["kind", "flow_id"], how="full", coalesce=True, nulls_equal=False)
+def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
+    if msgspec is None:
+        raise _Fallback("msgspec not installed")
+    notes: list[str] = []
+    blocks = _blocks(path, notes)
+    buf = b""
+    m = None
+    for block in blocks:
+        buf += block
+        m = _ARR_HEAD.search(buf)
+        if m or len(buf) > 4 * _BLOCK:
+            break
+    if m is None:
+        raise _Fallback("not Kineto's layout")
+    prefix = buf[: m.end() - 3]  # up to and including "["
+    carry = buf[m.end() - 3 :]  # from "\n  {"
+    offset = m.end() - 3  # decompressed byte offset of carry
+    del buf
+    acc = _Acc()
+    n = 0
+    done = False
+    while True:
+        cut = carry.rfind(_EV_SEP)
+        if cut >= 0:
+            n += _decode_chunk(carry[: cut + 4], acc, n)
+            offset += cut + 5
+            carry = carry[cut + 5 :]
+        block = next(blocks, None)
+        if block is None:
+            break
+        carry += block
+    m = _ARR_END.search(carry)
+    if m:
+        n += _decode_chunk(carry[: m.start() + 4], acc, n)
+        suffix = carry[m.end() :]
+        try:
+            header = orjson.loads(prefix + b"]" + suffix)
+        except orjson.JSONDecodeError:
+            try:
+                header = orjson.loads(prefix + b"]}")
+            except orjson.JSONDecodeError:
+                raise _Fallback("header does not parse") from None
+            notes.append(f"truncated trace: breaks off after the event array (byte {offset + len(carry)}); "
+                         "kept every event")
+    else:
+        try:
+            header = orjson.loads(prefix + b"]}")
+        except orjson.JSONDecodeError:
+            raise _Fallback("header does not parse") from None
+        where = "decompressed byte" if notes else "byte"
+        notes.append(f"truncated trace: the event array breaks off at {where} {offset + len(carry)}; "
+                     f"kept the complete events up to {where} {offset - 1}")
+    if not isinstance(header, dict):
+        raise _Fallback("header is not an object")
+    header.pop("traceEvents", None)
+    if acc.ctrl:
+        source.meta["control_chars_escaped"] = acc.ctrl
+    if notes:
+        source.status = "partial"
+        source.detail = "; ".join(notes)
+    return header, acc
+
+
+def _parse_whole(path: Path, source: Source) -> tuple[dict, _Acc]:
+    """Any other layout, and damaged input: orjson over the whole document (salvaging what it can)."""
+    header, events = _parse(path, source)
+    acc = _Acc()
+    step = 1 << 16
+    for i0 in range(0, len(events), step):
+        acc.add_dicts(i0, events[i0 : i0 + step])
+    acc.finish_be()
+    return header, acc
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -637,7 +929,7 @@ def _flows(evs: list, ids: _Ids) -> pl.DataFrame | None:
 _ANNOT = re.compile(r"^(nccl|gloo|mpi|ucc|hccl|xccl|rccl|mtia|custom):(\w+)$", re.IGNORECASE)
 
 
-def _collectives(host: pl.DataFrame | None, host_evs: list, runtime: pl.DataFrame | None,
+def _collectives(host: pl.DataFrame | None, coll_args: dict, runtime: pl.DataFrame | None,
                  kernels: pl.DataFrame | None, header_backend: str | None, pg_backend: dict) -> pl.DataFrame | None:
     if host is None or host.height == 0:
         return None
@@ -699,7 +991,7 @@ def _collectives(host: pl.DataFrame | None, host_evs: list, runtime: pl.DataFram
     for hid, name, pid, tid, ts, end, dur, ext in sel.select(
         "id", "name", "pid", "tid", "ts", "end", "dur", "external_id"
     ).iter_rows():
-        args = host_evs[rows_idx[hid]].get("args") or {}
+        args = coll_args.get(hid) or {}
         backend = None
         if name == "record_param_comms":
             raw = args.get("Collective name")
@@ -854,70 +1146,39 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
 
 
 def _read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
-    header, events = _parse(path, source)
+    try:
+        header, acc = _parse_chunked(path, source)
+        source.meta["parser"] = "chunks"
+    except _Fallback:
+        header, acc = _parse_whole(path, source)
+        source.meta["parser"] = "whole"
 
-    # One pass: route each event by (ph, cat) to its table's bucket; the route of a cat is decided once.
-    buckets: dict[str, list] = {"k": [], "h": [], "r": [], "s": [], "skip": []}
-    route: dict = {}
-    fl, be = [], []
-    n_instant = 0
-    for i, e in enumerate(events):
-        if type(e) is not dict:
-            continue
-        ph = e.get("ph")
-        if ph == "X":
-            cat = e.get("cat")
-            try:
-                lst = route[cat]
-            except KeyError:
-                lst = route[cat] = buckets[_bucket(cat)]
-            except TypeError:  # an unhashable cat: not a Kineto event
-                continue
-            lst.append(i)
-        elif ph == "s" or ph == "f" or ph == "t":
-            fl.append(e)
-        elif ph == "B" or ph == "E":
-            be.append((i, e))
-        elif ph == "i" or ph == "I":
-            n_instant += 1
-    k_i, h_i, r_i, s_i = buckets["k"], buckets["h"], buckets["r"], buckets["s"]
-    k_ev = [events[i] for i in k_i]
-    h_ev = [events[i] for i in h_i]
-    r_ev = [events[i] for i in r_i]
-    s_ev = [events[i] for i in s_i]
-    skipped: dict[str, int] = {}
-    for i in buckets["skip"]:
-        c = str(events[i].get("cat")).lower()
-        skipped[c] = skipped.get(c, 0) + 1
-    if be:
-        for i, x in _pair_be(be):
-            h_ev.append(x)
-            h_i.append(i)
     ids = _Ids()
-    kernels = _kernels(k_ev, k_i, ids)
-    host = _host_ops(h_ev, h_i, ids)
-    runtime = _runtime(r_ev, r_i, ids)
-    syncs = _syncs(s_ev, s_i, ids)
-    flows = _flows(fl, ids)
+    kernels = _kernels(acc.frame("k"), ids)
+    host = _host_ops(acc.frame("h"), ids)
+    runtime = _runtime(acc.frame("r"), ids)
+    syncs = _syncs(acc.frame("s"), ids)
+    flows = _flows(acc.frame("f"), ids)
+    acc.parts.clear()
 
     spans = [(df["ts"].min(), df["end"].max()) for df in (kernels, host, runtime) if df is not None and df.height]
     span = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans and all(s[0] is not None for s in spans) else (None, None)
     backend, pg_backend = _header_meta(header, source, span)
-    collectives = _collectives(host, h_ev, runtime, kernels, backend, pg_backend)
+    collectives = _collectives(host, acc.coll_args, runtime, kernels, backend, pg_backend)
     steps = _steps(host)
 
     meta = source.meta
-    meta["events"] = len(events)
-    if skipped:
-        meta["events_not_imported"] = skipped
-    if n_instant:
-        meta["instant_events_ignored"] = n_instant
+    meta["events"] = acc.n_events
+    if acc.skipped:
+        meta["events_not_imported"] = acc.skipped
+    if acc.n_instant:
+        meta["instant_events_ignored"] = acc.n_instant
     if ids.strings:
         meta["string_ids"] = ids.strings
-    if "mtia_runtime" in {(e.get("cat") or "") for e in r_ev[:1000]} or skipped.get("mtia_ccp_events"):
+    if acc.mtia or acc.skipped.get("mtia_ccp_events"):
         note = "MTIA trace: runtime calls imported; device events (mtia_ccp_events) are not imported as kernels"
         source.detail = f"{source.detail}; {note}" if source.detail else note
-    if not (k_ev or h_ev or r_ev):
+    if kernels is None and host is None and runtime is None:
         note = "no host ops, runtime calls or kernels in the trace"
         source.detail = f"{source.detail}; {note}" if source.detail else note
 
