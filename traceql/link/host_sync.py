@@ -48,8 +48,9 @@ def blocking_calls(run: Run) -> pl.DataFrame:
 def host_syncs(run: Run) -> pl.DataFrame:
     """Per rank, step, call and causing host op: how many blocking calls and how long the host was blocked."""
     calls = blocking_calls(run).filter(pl.col("step").is_not_null())
+    calls = calls.with_columns(pl.col("host_op").str.replace(r": \d+/\d+$", "").alias("region"))
     return (
-        calls.group_by(["rank", "step", "call", "host_op"])
+        calls.group_by(["rank", "step", "call", "host_op", "region"])
         .agg(pl.len().alias("n"), pl.col("blocked_ms").sum().alias("blocked_ms"))
         .sort(["rank", "step", "blocked_ms"], descending=[False, False, True])
     )

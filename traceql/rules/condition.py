@@ -3,7 +3,7 @@
 Grammar (a subset of Python's expression syntax, parsed with `ast` and checked node by node):
 names (output columns or params), numbers, 'strings', True/False/None, and/or/not, comparisons (== != < <= > >=,
 chained), `x is null` / `x is not null` (also `is None`), + - * / and unary minus, abs(x), min(a, b), max(a, b),
-len(x) for list columns, `x in ['a', 'b']`.
+len(x) for list columns, `x in ['a', 'b']` or `x in some_list_param`.
 """
 
 from __future__ import annotations
@@ -80,9 +80,12 @@ class _Compiler:
                 e = self.visit(left)
                 part = e.is_null() if isinstance(op, ast.Is) else e.is_not_null()
             elif isinstance(op, (ast.In, ast.NotIn)):
-                if not isinstance(right, (ast.List, ast.Tuple)):
-                    self.fail("`in` needs a literal list")
-                vals = [self._literal(v) for v in right.elts]
+                if isinstance(right, ast.Name) and isinstance(self.params.get(right.id), (list, tuple)):
+                    vals = list(self.params[right.id])
+                elif isinstance(right, (ast.List, ast.Tuple)):
+                    vals = [self._literal(v) for v in right.elts]
+                else:
+                    self.fail("`in` needs a literal list or a list param")
                 part = self.visit(left).is_in(vals)
                 if isinstance(op, ast.NotIn):
                     part = ~part
