@@ -462,6 +462,7 @@ class _Acc:
     """Accumulates the per-table columns of each chunk of events, plus the few facts read per event."""
 
     def __init__(self):
+        self.ids = _Ids()
         self.parts: dict[str, list[pl.DataFrame]] = {b: [] for b in _BUCKET_COLS}
         self.coll_args: dict[int, dict] = {}  # host op id -> args, for collective calls only
         self.skipped: dict[str, int] = {}
@@ -522,9 +523,7 @@ class _Acc:
         )
         parts = df.with_row_index("_pos").with_columns(_b=bucket).partition_by("_b", as_dict=True, include_key=False)
         for (b,), part in parts.items():
-            if b in _BUCKET_COLS:
-                self.parts[b].append(part.select(_BUCKET_COLS[b]))
-            elif b == "skip":
+            if b == "skip":
                 for c, k in part.select(pl.col("cat").str.to_lowercase()).to_series().value_counts().iter_rows():
                     self.skipped[c] = self.skipped.get(c, 0) + k
             elif b == "i":
@@ -541,6 +540,12 @@ class _Acc:
         r = parts.get(("r",))
         if r is not None and not self.mtia:
             self.mtia = bool((r["cat"] == "mtia_runtime").any())
+        # Each table's rows of this chunk, in their final form (all but the host-op nesting and the flow pairing
+        # are per row); string pids get their ids in this fixed order.
+        for b, build in (("k", _kernels), ("h", _host_rows), ("r", _runtime), ("s", _syncs), ("f", _flow_rows)):
+            part = parts.get((b,))
+            if part is not None:
+                self.parts[b].append(build(part.select(_BUCKET_COLS[b]), self.ids))
 
     def add_structs(self, i0: int, evs: list) -> None:
         a = [e.args or _NO_ARGS for e in evs]
@@ -600,7 +605,7 @@ class _Acc:
         parts = [p for p in self.parts[b] if p.height]
         if not parts:
             return None
-        return pl.concat(parts, how="vertical") if len(parts) > 1 else parts[0]
+        return pl.concat(parts, how="vertical", rechunk=False) if len(parts) > 1 else parts[0]
 
 
 class _Fallback(Exception):
@@ -651,16 +656,17 @@ def _kernels(df: pl.DataFrame | None, ids: _Ids) -> pl.DataFrame | None:
     )
 
 
-def _host_ops(df: pl.DataFrame | None, ids: _Ids) -> pl.DataFrame | None:
+def _host_rows(df: pl.DataFrame, ids: _Ids) -> pl.DataFrame:
+    df = df.with_columns(pid=ids.resolve(df, "pid"), tid=ids.resolve(df, "tid"))
+    return df.select("id", "pid", "tid", "name", "cat", "ts", end=pl.col("ts") + pl.col("dur"), dur="dur",
+                     external_id="external_id")
+
+
+def _host_ops(df: pl.DataFrame | None) -> pl.DataFrame | None:
     if df is None:
         return None
-    df = df.with_columns(pid=ids.resolve(df, "pid"), tid=ids.resolve(df, "tid"), end=pl.col("ts") + pl.col("dur"))
     parent, depth = _nest(df["pid"], df["tid"], df["ts"], df["end"], df["id"].to_list())
-    return df.select("id", "pid", "tid", "name", "cat", "ts", "end", "dur").with_columns(
-        parent=pl.Series(parent, dtype=pl.Int64),
-        depth=pl.Series(depth, dtype=pl.Int32),
-        external_id=df["external_id"],
-    )
+    return df.with_columns(parent=pl.Series(parent, dtype=pl.Int64), depth=pl.Series(depth, dtype=pl.Int32))
 
 
 def _runtime(df: pl.DataFrame | None, ids: _Ids) -> pl.DataFrame | None:
@@ -698,15 +704,19 @@ def _syncs(df: pl.DataFrame | None, ids: _Ids) -> pl.DataFrame | None:
     )
 
 
-def _flows(df: pl.DataFrame | None, ids: _Ids) -> pl.DataFrame | None:
-    if df is None:
-        return None
+def _flow_rows(df: pl.DataFrame, ids: _Ids) -> pl.DataFrame:
     df = df.with_columns(pid=ids.resolve(df, "pid"), tid=ids.resolve(df, "tid"))
-    df = df.select(
+    return df.select(
         "ph",
         kind=pl.when(pl.col("cat").is_null() | (pl.col("cat") == "")).then(pl.col("name")).otherwise(pl.col("cat")),
         flow_id="flow_id", pid="pid", tid="tid", ts="ts",
     )
+
+
+def _flows(df: pl.DataFrame | None) -> pl.DataFrame | None:
+    """Flow starts (ph s) joined to their ends (ph f) by (kind, id)."""
+    if df is None:
+        return None
     src = (
         df.filter(pl.col("ph") == "s")
         .unique(["kind", "flow_id"], keep="first", maintain_order=True)
@@ -795,7 +805,7 @@ def _pair_be(evs: list) -> list:
 # chunk's objects at a time plus the columns built so far; gzip is decompressed block by block. Anything else (other
 # layouts, B/E events, values of unexpected types, a damaged header) goes to the whole-document parser below.
 
-_BLOCK = 8 << 20  # bytes of JSON per chunk (about 30k events)
+_BLOCK = 4 << 20  # bytes of JSON per chunk (about 30k events)
 _EV_SEP = b"\n  },\n  {"
 _ARR_END = re.compile(rb"\n  \}\s*\]")  # the last event, then the array's end
 _ARR_HEAD = re.compile(rb'"traceEvents"\s*:\s*\[\n  \{\n')
@@ -832,17 +842,26 @@ def _blocks(path: Path, notes: list, size: int = _BLOCK):
             notes.append(f"gzip stream ends early at compressed byte {pos}")
 
 
-def _decode_chunk(chunk: bytes, acc: _Acc, i0: int) -> int:
-    """Decode one chunk of whole events (their text, comma-separated) into acc; returns the number of events."""
+def _decode_chunk(buf: bytearray, end: int, acc: _Acc, i0: int) -> int:
+    """Decode buf[:end], a JSON list of whole events, into acc; returns the number of events. No copy of the text
+    is made unless it holds raw control characters."""
+    mv = memoryview(buf)
+    part = mv[:end]
     try:
-        evs = _DECODER.decode(b"[" + chunk + b"]")
+        evs = _DECODER.decode(part)
     except msgspec.DecodeError:
+        evs = None
+    finally:
+        part.release()
+        mv.release()
+    if evs is None:
+        chunk = bytes(buf[:end])
         if not _CTRL.search(chunk):
-            raise _Fallback("chunk does not decode") from None
+            raise _Fallback("chunk does not decode")
         chunk, n = _escape_ctrl(chunk)
         acc.ctrl += n
         try:
-            evs = _DECODER.decode(b"[" + chunk + b"]")
+            evs = _DECODER.decode(chunk)
         except msgspec.DecodeError:
             raise _Fallback("chunk does not decode") from None
     acc.add_structs(i0, evs)
@@ -854,7 +873,7 @@ def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
         raise _Fallback("msgspec not installed")
     notes: list[str] = []
     blocks = _blocks(path, notes)
-    buf = b""
+    buf = bytearray()
     m = None
     for block in blocks:
         buf += block
@@ -863,27 +882,32 @@ def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
             break
     if m is None:
         raise _Fallback("not Kineto's layout")
-    prefix = buf[: m.end() - 3]  # up to and including "["
-    carry = buf[m.end() - 3 :]  # from "\n  {"
-    offset = m.end() - 3  # decompressed byte offset of carry
-    del buf
+    start = m.end() - 5  # the newline before the first event's "{"
+    prefix = bytes(buf[:start])  # the header up to and including "["
+    del buf[:start]  # buf now starts at that newline (bytearray drops its front without copying)
+    offset = start  # decompressed byte offset of buf[0]
     acc = _Acc()
     n = 0
-    done = False
     while True:
-        cut = carry.rfind(_EV_SEP)
+        cut = buf.rfind(_EV_SEP)
         if cut >= 0:
-            n += _decode_chunk(carry[: cut + 4], acc, n)
+            # Make buf[:cut + 5] a JSON list in place: "[" over the leading newline, "]" over the comma.
+            buf[0] = 0x5B
+            buf[cut + 4] = 0x5D
+            n += _decode_chunk(buf, cut + 5, acc, n)
             offset += cut + 5
-            carry = carry[cut + 5 :]
+            del buf[: cut + 5]
         block = next(blocks, None)
         if block is None:
             break
-        carry += block
+        buf += block
+    carry = buf
     m = _ARR_END.search(carry)
     if m:
-        n += _decode_chunk(carry[: m.start() + 4], acc, n)
-        suffix = carry[m.end() :]
+        suffix = bytes(carry[m.end() :])
+        carry[0] = 0x5B
+        carry[m.start() + 4] = 0x5D
+        n += _decode_chunk(carry, m.start() + 5, acc, n)
         try:
             header = orjson.loads(prefix + b"]" + suffix)
         except orjson.JSONDecodeError:
@@ -1153,12 +1177,12 @@ def _read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
         header, acc = _parse_whole(path, source)
         source.meta["parser"] = "whole"
 
-    ids = _Ids()
-    kernels = _kernels(acc.frame("k"), ids)
-    host = _host_ops(acc.frame("h"), ids)
-    runtime = _runtime(acc.frame("r"), ids)
-    syncs = _syncs(acc.frame("s"), ids)
-    flows = _flows(acc.frame("f"), ids)
+    ids = acc.ids
+    kernels = acc.frame("k")
+    host = _host_ops(acc.frame("h"))
+    runtime = acc.frame("r")
+    syncs = acc.frame("s")
+    flows = _flows(acc.frame("f"))
     acc.parts.clear()
 
     spans = [(df["ts"].min(), df["end"].max()) for df in (kernels, host, runtime) if df is not None and df.height]
