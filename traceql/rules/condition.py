@@ -3,7 +3,7 @@
 Grammar (a subset of Python's expression syntax, parsed with `ast` and checked node by node):
 names (output columns or params), numbers, 'strings', True/False/None, and/or/not, comparisons (== != < <= > >=,
 chained), `x is null` / `x is not null` (also `is None`), + - * / and unary minus, abs(x), min(a, b), max(a, b),
-len(x) for list columns, `x in ['a', 'b']` or `x in some_list_param`.
+len(x) for list columns, `x in ['a', 'b']` or `x in some_list_param`, matches(x, 'regex' or a param).
 """
 
 from __future__ import annotations
@@ -121,9 +121,20 @@ class _Compiler:
 
     def v_Call(self, node):
         if not isinstance(node.func, ast.Name) or node.keywords:
-            self.fail("only abs(), min(), max(), len() calls are allowed")
-        args = [self.visit(a) for a in node.args]
+            self.fail("only abs(), min(), max(), len(), matches() calls are allowed")
         fn = node.func.id
+        if fn == "matches" and len(node.args) == 2:
+            pat = node.args[1]
+            if isinstance(pat, ast.Constant) and isinstance(pat.value, str):
+                pattern = pat.value
+            elif isinstance(pat, ast.Name) and isinstance(self.params.get(pat.id), str):
+                pattern = self.params[pat.id]
+            else:
+                self.fail("matches(column, pattern) needs a literal or param string pattern")
+            if not pattern:
+                return pl.lit(False)
+            return self.visit(node.args[0]).str.contains(pattern).fill_null(False)
+        args = [self.visit(a) for a in node.args]
         if fn == "abs" and len(args) == 1:
             return args[0].abs()
         if fn == "len" and len(args) == 1:
