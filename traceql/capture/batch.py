@@ -44,6 +44,14 @@ PLANS = {
         ("h200-graph-break-hot-loop", "graph-break-hot-loop", 1, False, "b"),
         ("h200-recompile-storm", "recompile-storm", 1, False, "b", 2),
     ],
+    # Third call: nsys runs again with NVTX step ranges, and the GPU-only pathologies that had no fixture.
+    "h200-more": [
+        ("h200-host-sync-per-step-nsys", "host-sync-per-step", 1, True, "a"),
+        ("h200-exposed-allreduce-nsys", "exposed-allreduce", 2, True, "a"),
+        ("h200-launch-bound", "launch-bound", 1, False, "b"),
+        ("h200-pageable-copy", "pageable-copy", 1, False, "b"),
+        ("h200-straggler", "straggler", 2, False, "b"),
+    ],
     "cpu": [
         ("cpu-demo", "demo", 2, False, "a"),
         ("cpu-straggler", "straggler", 2, False, "a"),

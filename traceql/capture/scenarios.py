@@ -123,6 +123,23 @@ _LIST = [
         min_ranks=2,
     ),
     Scenario(
+        "launch-bound",
+        "A narrow, deep model on small batches: each step is hundreds of microsecond kernels the host launches one by "
+        "one, so the GPU waits on the host.",
+        expected=(("TQL203", "all"),),
+        default_ranks=1,
+        cuda_only=("TQL203",),
+        notes="launch-bound means GPU kernels waiting on the host: only a GPU run shows it",
+    ),
+    Scenario(
+        "pageable-copy",
+        "Input batches copied to the GPU from pageable (not pinned) host memory every step.",
+        expected=(("TQL205", "all"),),
+        default_ranks=1,
+        cuda_only=("TQL205",),
+        notes="host-to-device copies exist only on a GPU run",
+    ),
+    Scenario(
         "grad-accum-without-no_sync",
         "DDP with 4 micro-batches per optimizer step and no no_sync(): every micro-batch all-reduces.",
         expected=(("TQL103", "all"),),

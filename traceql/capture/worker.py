@@ -43,6 +43,8 @@ TRAITS = {
     "small-allreduce-storm": {"allreduce_per_param"},
     "grad-accum-without-no_sync": {"ddp", "grad_accum"},
     "demo": {"allreduce_per_param", "straggler", "log_loss_item"},
+    "launch-bound": {"tiny"},
+    "pageable-copy": {"pageable"},
 }
 
 
@@ -127,6 +129,8 @@ def main(argv=None) -> int:
         pg_backend = "nccl" if world <= n_gpu else "gloo"
         # Big enough that the clean baselines keep the GPU busy (not launch-bound) even in fp32.
         width, depth, batch = 2048, 8, 2048
+        if "tiny" in traits:
+            width, depth, batch = 64, 24, 16  # microsecond kernels: the host's launch rate bounds the step
     else:
         device = torch.device("cpu")
         pg_backend = "gloo"
@@ -153,7 +157,9 @@ def main(argv=None) -> int:
     uses_ddp = "ddp" in traits
     step_model = model
     if uses_ddp:
-        ddp_kw = {"device_ids": [device.index]} if device.type == "cuda" else {}
+        # CPU models are small (well under one default 25 MB bucket): smaller buckets let DDP start all-reducing
+        # during backward, as it does for real models, instead of once after it.
+        ddp_kw = {"device_ids": [device.index]} if device.type == "cuda" else {"bucket_cap_mb": 0.1}
         step_model = nn.parallel.DistributedDataParallel(model, **ddp_kw)
     if sc.compiled:
         step_model = torch.compile(step_model, dynamic=False if "static" in traits else None)
@@ -168,7 +174,7 @@ def main(argv=None) -> int:
             n = batch + 8  # the odd rank's shape differs, so its FX graph cache keys do
         x = torch.randn(n, width, generator=gen)
         y = torch.randint(0, n_out, (n,), generator=gen)
-        if device.type == "cuda":  # pinned, as a DataLoader(pin_memory=True) gives: the copies stay asynchronous
+        if device.type == "cuda" and "pageable" not in traits:  # pinned, as DataLoader(pin_memory=True) gives
             x, y = x.pin_memory(), y.pin_memory()
         return x, y
 
@@ -248,9 +254,15 @@ def main(argv=None) -> int:
     ) as prof:
         try:
             for step in range(total):
+                # an NVTX range per step, so Nsight Systems exports carry the steps too ("step N")
+                nvtx = device.type == "cuda"
+                if nvtx:
+                    torch.cuda.nvtx.range_push(f"step {step}")
                 loss = train_step(step)
                 if "log_loss_item" in traits and loss is not None:
                     print(f"[rank{rank}] step {step} loss {loss.item():.4f}", flush=True)  # a sync every step
+                if nvtx:
+                    torch.cuda.nvtx.range_pop()
                 prof.step()
                 done += 1
         except Exception:
