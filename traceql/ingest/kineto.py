@@ -323,6 +323,8 @@ def _ns(values: list) -> pl.Series:
     Integer microseconds convert exactly; floats convert their whole and fractional parts apart, so that epoch-scale
     timestamps keep every nanosecond the float carried.
     """
+    if values.count(None) == len(values):
+        return _nulls(len(values), pl.Int64)
     s = pl.Series(values, strict=False)
     if s.dtype == pl.String:
         s = s.cast(pl.Float64, strict=False)
@@ -353,9 +355,12 @@ def _int1(v) -> int | None:
 
 def _ints(values: list) -> pl.Series:
     """A column of int64 in Rust; the rare values it cannot take (strings, huge ints) are redone one by one."""
+    none = values.count(None)
+    if none == len(values):  # common (args keys most events lack): polars would scan the list in Python
+        return _nulls(none, pl.Int64)
     s = pl.Series(values, dtype=pl.Int64, strict=False)
     nulls = s.null_count()
-    if nulls and nulls != values.count(None):
+    if nulls and nulls != none:
         bad = s.is_null().arg_true().to_list()
         s = s.scatter(bad, pl.Series([_int1(values[i]) for i in bad], dtype=pl.Int64)) if bad else s
     return s
@@ -363,6 +368,8 @@ def _ints(values: list) -> pl.Series:
 
 def _id_cols(values: list) -> tuple[pl.Series, pl.Series | None]:
     """pid/tid values -> (int64 column, the names of the non-numeric ones or None). Numeric strings are numbers."""
+    if values.count(None) == len(values):
+        return _nulls(len(values), pl.Int64), None
     s = pl.Series(values, dtype=pl.Int64, strict=False)
     names = None
     if s.null_count():
@@ -405,9 +412,16 @@ class _Ids:
 _NOARGS: dict = {}
 
 
+def _nulls(n: int, dtype) -> pl.Series:
+    return pl.repeat(None, n, dtype=dtype, eager=True)
+
+
 def _str_col(values: list) -> pl.Series:
+    none = values.count(None)
+    if none == len(values):
+        return _nulls(none, pl.String)
     s = pl.Series(values, dtype=pl.String, strict=False)
-    if s.null_count() != values.count(None):
+    if s.null_count() != none:
         s = pl.Series([v if v is None or type(v) is str else str(v) for v in values], dtype=pl.String)
     return s
 
@@ -532,9 +546,11 @@ class _Acc:
                 raise _Fallback("B/E events")
         h = parts.get(("h",))
         if h is not None:
-            calls = h.filter(
-                (pl.col("name") == "record_param_comms") | pl.col("name").str.contains("(?i)" + _ANNOT.pattern).fill_null(False)
+            names = h["name"].unique()
+            names = names.filter(
+                (names == "record_param_comms") | names.str.contains("(?i)" + _ANNOT.pattern).fill_null(False)
             )
+            calls = h.filter(pl.col("name").is_in(names.implode()))
             for i, pos in calls.select("id", "_pos").iter_rows():
                 self.coll_args[i] = args_of(pos)
         r = parts.get(("r",))
@@ -542,7 +558,7 @@ class _Acc:
             self.mtia = bool((r["cat"] == "mtia_runtime").any())
         # Each table's rows of this chunk, in their final form (all but the host-op nesting and the flow pairing
         # are per row); string pids get their ids in this fixed order.
-        for b, build in (("k", _kernels), ("h", _host_rows), ("r", _runtime), ("s", _syncs), ("f", _flow_rows)):
+        for b, build in (("k", _kernel_rows), ("h", _host_rows), ("r", _runtime_rows), ("s", _syncs), ("f", _flow_rows)):
             part = parts.get((b,))
             if part is not None:
                 self.parts[b].append(build(part.select(_BUCKET_COLS[b]), self.ids))
@@ -616,28 +632,27 @@ class _Fallback(Exception):
 # Tables
 
 
-def _kernels(df: pl.DataFrame | None, ids: _Ids) -> pl.DataFrame | None:
+def _kernel_rows(df: pl.DataFrame, ids: _Ids) -> pl.DataFrame:
+    df = df.with_columns(pid=ids.resolve(df, "pid"), tid=ids.resolve(df, "tid"))
+    return df.select(
+        "id", device=pl.col("device").fill_null(pl.col("pid")), stream=pl.col("stream").fill_null(pl.col("tid")),
+        name="name", cat=pl.col("cat").str.to_lowercase(), ts="ts", dur="dur", end=pl.col("ts") + pl.col("dur"),
+        correlation="correlation", external_id="external_id", bytes="bytes",
+    )
+
+
+def _kernels(df: pl.DataFrame | None) -> pl.DataFrame | None:
+    """Kind, collective and memcpy details, worked out once per distinct (cat, name) and joined back."""
     if df is None:
         return None
-    df = df.with_columns(pid=ids.resolve(df, "pid"), tid=ids.resolve(df, "tid"))
     name = pl.col("name")
     low = name.str.to_lowercase()
-    cat = pl.col("cat").str.to_lowercase()
+    cat = pl.col("cat")
     is_comm = (cat == "kernel") & (
         low.str.starts_with("nccl") | low.str.starts_with("rccl") | low.str.contains("nccl", literal=True)
     )
     mem = name.str.extract_groups(r"^Memcpy (\w+)(?: \((\w+) -> (\w+)\))?")
-    return df.select(
-        "id",
-        device=pl.col("device").fill_null(pl.col("pid")),
-        stream=pl.col("stream").fill_null(pl.col("tid")),
-        name=name,
-        ts="ts",
-        dur="dur",
-        end=pl.col("ts") + pl.col("dur"),
-        correlation="correlation",
-        external_id="external_id",
-        bytes="bytes",
+    u = df.select("cat", "name").unique().with_columns(
         kind=pl.when(cat == "gpu_memcpy")
         .then(pl.lit("memcpy"))
         .when(cat == "gpu_memset")
@@ -654,6 +669,7 @@ def _kernels(df: pl.DataFrame | None, ids: _Ids) -> pl.DataFrame | None:
         src_memory=mem.struct.field("2").str.to_lowercase().replace({"host": None}),
         dst_memory=mem.struct.field("3").str.to_lowercase().replace({"host": None}),
     )
+    return df.join(u, on=["cat", "name"], how="left", nulls_equal=True, maintain_order="left").drop("cat")
 
 
 def _host_rows(df: pl.DataFrame, ids: _Ids) -> pl.DataFrame:
@@ -669,15 +685,22 @@ def _host_ops(df: pl.DataFrame | None) -> pl.DataFrame | None:
     return df.with_columns(parent=pl.Series(parent, dtype=pl.Int64), depth=pl.Series(depth, dtype=pl.Int32))
 
 
-def _runtime(df: pl.DataFrame | None, ids: _Ids) -> pl.DataFrame | None:
+def _runtime_rows(df: pl.DataFrame, ids: _Ids) -> pl.DataFrame:
+    df = df.with_columns(pid=ids.resolve(df, "pid"), tid=ids.resolve(df, "tid"))
+    return df.select(
+        "id", "pid", "tid", "name", ts="ts", end=pl.col("ts") + pl.col("dur"), dur="dur",
+        correlation="correlation", external_id="external_id",
+    )
+
+
+def _runtime(df: pl.DataFrame | None) -> pl.DataFrame | None:
+    """Names without their _vNNNN suffix and the kind of call, worked out once per distinct name."""
     if df is None:
         return None
-    df = df.with_columns(pid=ids.resolve(df, "pid"), tid=ids.resolve(df, "tid"))
-    name = pl.col("name").str.replace(r"_v\d+$", "")
-    return df.select(
-        "id", "pid", "tid", name=name, ts="ts", end=pl.col("ts") + pl.col("dur"), dur="dur",
-        correlation="correlation", external_id="external_id", kind=_runtime_kind_expr(name),
-    )
+    bare = pl.col("name").str.replace(r"_v\d+$", "")
+    u = df.select(pl.col("name").unique()).with_columns(bare=bare, kind=_runtime_kind_expr(bare))
+    df = df.join(u, on="name", how="left", nulls_equal=True, maintain_order="left")
+    return df.with_columns(name=pl.col("bare")).drop("bare")
 
 
 def _sync_kind_expr(text: pl.Expr) -> pl.Expr:
@@ -1178,9 +1201,9 @@ def _read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
         source.meta["parser"] = "whole"
 
     ids = acc.ids
-    kernels = acc.frame("k")
+    kernels = _kernels(acc.frame("k"))
     host = _host_ops(acc.frame("h"))
-    runtime = acc.frame("r")
+    runtime = _runtime(acc.frame("r"))
     syncs = acc.frame("s")
     flows = _flows(acc.frame("f"))
     acc.parts.clear()
