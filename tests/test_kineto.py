@@ -17,6 +17,7 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from polars.testing import assert_frame_equal
 
 from conftest import CORPUS, corpus_path
 from traceql.discover import discover
@@ -403,3 +404,122 @@ def test_canonical_collective_names():
     assert c("gloo:broadcast") == "broadcast"
     assert c("allreduce_coalesced") == "all_reduce"
     assert c("barrier") == "barrier"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The two parsers: chunked msgspec over Kineto's layout, and the whole-document orjson fallback
+
+
+def _kineto_layout(data: bytes) -> bool:
+    """Whether the text is laid out the way torch.profiler writes it (what the chunked parser cuts at); decided from
+    the text itself, not by asking the importer."""
+    return b'"traceEvents": [\n  {\n' in data
+
+
+def _read_whole(path: Path, monkeypatch) -> tuple[Source, dict[str, pl.DataFrame]]:
+    """Read with the fast path switched off, so every event goes through orjson and the dict column builder."""
+    def refuse(*_a, **_k):
+        raise kineto._Fallback("switched off by the test")
+
+    with monkeypatch.context() as m:
+        m.setattr(kineto, "_parse_chunked", refuse)
+        return _read(path)
+
+
+def _same_tables(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for name in a:
+        key = [c for c in ("id", "step", "kind", "flow_id") if c in a[name].columns]
+        x = a[name].sort(key, nulls_last=True)
+        y = b[name].sort(key, nulls_last=True)
+        assert_frame_equal(x, y, check_exact=True), name
+
+
+def _meta(src: Source) -> dict:
+    return {k: v for k, v in src.meta.items() if k != "parser"}
+
+
+@pytest.mark.parametrize("rel", TRACES or ["<corpus absent>"])
+def test_fast_and_fallback_parsers_give_identical_tables(rel, corpus, monkeypatch):
+    if rel not in MANIFEST:
+        pytest.skip("corpus manifest absent")
+    src, fast = _read_corpus(rel)
+    if _kineto_layout(_plain(HTA / rel)[:1 << 16]):
+        assert src.meta["parser"] == "chunks"
+    slow_src, slow = _read_whole(HTA / rel, monkeypatch)
+    assert slow_src.meta["parser"] == "whole"
+    _same_tables(fast, slow)
+    assert (src.status, src.detail, src.rank, _meta(src)) == (slow_src.status, slow_src.detail, slow_src.rank, _meta(slow_src))
+
+
+def test_tiny_chunks_give_the_same_tables(tmp_path, corpus, monkeypatch):
+    """Cut the array into ~150 chunks: every chunk boundary, string-id and collective-args hand-over is crossed."""
+    rel = "tests/data/nccl_parser_config/nccl_data.json.gz"
+    _, whole = _read_corpus(rel)
+    monkeypatch.setattr(kineto, "_BLOCK", 64 << 10)
+    src, tiny = _read(_hta(*rel.split("/")))
+    assert src.meta["parser"] == "chunks"
+    _same_tables(whole, tiny)
+
+
+def _as_kineto_layout(doc: dict) -> bytes:
+    """Write a trace the way Kineto does: header keys, then one event per group of lines at two spaces."""
+    events = doc["traceEvents"]
+    head = {k: v for k, v in doc.items() if k != "traceEvents"}
+    body = ",\n".join("  {\n    " + json.dumps(e)[1:-1] + "\n  }" for e in events)
+    return (json.dumps(head)[:-1] + ',\n  "traceEvents": [\n' + body + "\n  ]\n}\n").encode()
+
+
+def test_late_args_keys_kept_across_chunks(tmp_path, corpus, monkeypatch):
+    doc = json.loads(_plain(_hta(*SMALL)))
+    base = next(e for e in doc["traceEvents"] if e.get("cat") == "cpu_op")
+    filler = [dict(base, ts=base["ts"] + 1000 + i * 10, dur=5, args={}) for i in range(3000)]
+    late = dict(base, ts=base["ts"] + 90_000, dur=5, args={"External id": 424242, "Collective name": "x"})
+    doc["traceEvents"] = doc["traceEvents"] + filler + [late]
+    p = tmp_path / "late.json"
+    p.write_bytes(_as_kineto_layout(doc))
+    monkeypatch.setattr(kineto, "_BLOCK", 32 << 10)
+    src, t = _read(p)
+    assert src.meta["parser"] == "chunks" and src.status == "ok"
+    assert 424242 in t["host_ops"]["external_id"].to_list()
+    assert src.meta["events"] == len(doc["traceEvents"])
+
+
+def test_raw_control_characters_in_kineto_layout(tmp_path, corpus):
+    data = _plain(_hta(*SMALL))
+    assert _kineto_layout(data)
+    bad = data.replace(b'"name": "aten::', b'"name": "aten\x01::', 1)
+    assert bad != data
+    p = tmp_path / "ctrl.json"
+    p.write_bytes(bad)
+    src, t = _read(p)
+    assert src.meta["parser"] == "chunks" and src.status == "ok"
+    assert src.meta["control_chars_escaped"] == 1
+    assert sum(n.startswith("aten\x01::") for n in t["host_ops"]["name"].to_list()) == 1
+    _, good = _read(_hta(*SMALL))
+    assert t["kernels"].height == good["kernels"].height
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(frac=st.floats(min_value=0.02, max_value=0.999))
+def test_truncated_file_fast_path_keeps_what_the_fallback_keeps(frac, tmp_path, corpus, monkeypatch):
+    data = _plain(_hta(*SMALL))
+    p = tmp_path / "cut.json"
+    p.write_bytes(data[: int(len(data) * frac)])
+    src, fast = _read(p)
+    slow_src, slow = _read_whole(p, monkeypatch)
+    assert src.status == slow_src.status == "partial"
+    assert "truncated" in src.detail and "byte" in src.detail
+    assert src.meta["events"] == slow_src.meta["events"]
+    _same_tables(fast, slow)
+
+
+def test_truncated_after_the_event_array_keeps_header_keys_before_the_break(tmp_path, corpus):
+    data = _plain(_hta("tests", "data", "trace_file_list", "inference_rank_1.json.gz"))
+    assert data.rstrip().endswith(b"}") and b'"distributedInfo"' in data[data.rfind(b"]"):]
+    p = tmp_path / "rank-5.cut.json"
+    p.write_bytes(data.rstrip()[:-1].rstrip())  # lose only the closing brace
+    src, t = _read(p, rank_from_name=5)
+    assert src.status == "partial" and "truncated" in src.detail
+    assert src.rank == 1 and src.rank_origin == "distributedInfo"  # distributedInfo sits after the array here
+    assert src.meta["events"] == INVENTORY["tests/data/trace_file_list/inference_rank_1.json.gz"]["n_events"]

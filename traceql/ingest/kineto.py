@@ -834,8 +834,9 @@ _ARR_END = re.compile(rb"\n  \}\s*\]")  # the last event, then the array's end
 _ARR_HEAD = re.compile(rb'"traceEvents"\s*:\s*\[\n  \{\n')
 
 
-def _blocks(path: Path, notes: list, size: int = _BLOCK):
+def _blocks(path: Path, notes: list, size: int | None = None):
     """The file's (gunzipped) bytes, block by block; a broken gzip stream ends the blocks with a note."""
+    size = size or _BLOCK
     with open(path, "rb") as f:
         magic = f.read(2)
         f.seek(0)
@@ -891,6 +892,25 @@ def _decode_chunk(buf: bytearray, end: int, acc: _Acc, i0: int) -> int:
     return len(evs)
 
 
+def _salvage_header(prefix: bytes, suffix: bytes) -> dict:
+    """The header of a file truncated after its event array: the keys that precede the break."""
+    for closer in (b"}", b"}}", b"]}", b"\"}", b"\"}}"):  # only the closing brackets are missing
+        try:
+            return orjson.loads(prefix + b"]" + suffix.rstrip() + closer)
+        except orjson.JSONDecodeError:
+            continue
+    ends = [m.start() for m in re.finditer(rb',\s*\n  "', suffix)][-64:]  # a top-level key starts
+    for i in reversed(ends):
+        try:
+            return orjson.loads(prefix + b"]" + suffix[:i] + b"}")
+        except orjson.JSONDecodeError:
+            continue
+    try:
+        return orjson.loads(prefix + b"]}")
+    except orjson.JSONDecodeError:
+        raise _Fallback("header does not parse") from None
+
+
 def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
     if msgspec is None:
         raise _Fallback("msgspec not installed")
@@ -934,12 +954,9 @@ def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
         try:
             header = orjson.loads(prefix + b"]" + suffix)
         except orjson.JSONDecodeError:
-            try:
-                header = orjson.loads(prefix + b"]}")
-            except orjson.JSONDecodeError:
-                raise _Fallback("header does not parse") from None
+            header = _salvage_header(prefix, suffix)
             notes.append(f"truncated trace: breaks off after the event array (byte {offset + len(carry)}); "
-                         "kept every event")
+                         "kept every event and the header keys before the break")
     else:
         try:
             header = orjson.loads(prefix + b"]}")
