@@ -3,13 +3,12 @@
 tests/data/hta_reference.json was written by benchmarks/hta_reference.py running HTA itself (version, calls and
 definition recorded in its provenance block). HTA's get_comm_comp_overlap works per rank over the whole trace (not
 per iteration): |union(comm) & union(compute)| / |union(comm)|, comm = kernels named ^nccl.*Kernel, compute = the
-other kernels except memcpy/memset (HTA also drops names containing "Sync"). `traceql summary` reports the same
-ratio over the profiled steps only (window "steps"), so it is compared here through a whole-trace helper over the
-kernels table: like with like. HTA also trims its input first (Trace.align_and_filter_trace ->
+other kernels except memcpy/memset (HTA also drops names containing "Sync"). HTA also trims its input first (Trace.align_and_filter_trace ->
 _filter_irrelevant_gpu_kernels): with two or more ProfilerSteps it keeps only the kernels whose launch (the CPU event
 with the same correlation) starts before the last ProfilerStep starts, and it rounds float-microsecond
 timestamps inward to whole microseconds; `hta_window` below does the same, and the numbers then agree to HTA's
-rounding. traceql's own number (summary, over the profiled steps) differs by that window by design.
+rounding. `traceql summary` computes its comm_comp_overlap_pct in that same window (and the per-step ratio as
+comm_comp_overlap_pct_steps); the last test compares the command's output with HTA's numbers directly.
 """
 
 from __future__ import annotations
@@ -96,3 +95,21 @@ def test_reference_has_provenance():
     p = REF["provenance"]
     assert p["tool"] == "HolisticTraceAnalysis" and p["version"]
     assert any("get_comm_comp_overlap" in c for c in p["calls"])
+
+
+@pytest.mark.parametrize("rel", sorted(REF["traces"]))
+def test_summary_command_reports_htas_overlap(rel, corpus):
+    """What users compare: `traceql summary --format json` against HTA's get_comm_comp_overlap on the same trace."""
+    import json
+
+    from click.testing import CliRunner
+
+    from traceql.cli import main
+
+    d = CORPUS / "hta" / rel
+    res = CliRunner().invoke(main, ["summary", str(d), "--format", "json", "--quiet"])
+    assert res.exit_code == 0, res.output
+    ranks = json.loads(res.stdout)["ranks"]
+    for row in REF["traces"][rel]["comm_comp_overlap"]:
+        mine = ranks[str(row["rank"])]["comm_comp_overlap_pct"]
+        assert mine == pytest.approx(row["comp_comm_overlap_pctg"], abs=0.006), (rel, row["rank"], mine)
