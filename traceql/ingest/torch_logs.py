@@ -18,6 +18,7 @@ import polars as pl
 
 from traceql.ingest import IngestError
 from traceql.ingest._compile_common import graph_break, guard_text
+from traceql.ingest.compile_trace import parse_compile_id
 
 KIND = "torch_logs"
 SUPPORTED = True
@@ -78,18 +79,6 @@ def _messages(path: Path):
         yield meta, cur
 
 
-def _cid_parts(cid: str | None):
-    if not cid:
-        return None, None
-    parts = cid.lstrip("!").split("/")
-    if cid.startswith("!"):
-        parts = parts[1:]
-    try:
-        return int(parts[0]), int(parts[1])
-    except (ValueError, IndexError):
-        return None, None
-
-
 def read(path: Path, source) -> dict[str, pl.DataFrame]:
     rows = []
     seen_recompile: set[tuple] = set()
@@ -99,7 +88,7 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
         r = meta["rank"] if meta["rank"] is not None else source.rank
         if meta["rank"] is not None:
             ranks.add(meta["rank"])
-        f_id, c_id = _cid_parts(meta["cid"])
+        f_id, c_id = parse_compile_id(meta["cid"])
         base = {"rank": r, "compile_id": meta["cid"], "frame_id": f_id, "attempt": c_id}
         det = {"line": meta["line"], "logged_at": meta["time"]}
         art = meta["art"] or ""

@@ -17,6 +17,7 @@ from pathlib import Path
 import polars as pl
 
 from traceql import __version__, link
+from traceql.model.ranks import format_ranks
 from traceql.report._align import aligner
 from traceql.report.result import CheckResult
 
@@ -462,15 +463,7 @@ def _fmt(v) -> str:
 
 
 def _ranges(ranks) -> str:
-    ranks = sorted(int(r) for r in ranks or [])
-    parts, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ", ".join(parts)
+    return format_ranks(ranks)
 
 
 _CSS = """

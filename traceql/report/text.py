@@ -7,6 +7,7 @@ import io
 from rich.console import Console
 from rich.markup import escape
 
+from traceql.model.ranks import format_ranks
 from traceql.report.result import CheckResult
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -68,14 +69,4 @@ def render(result: CheckResult, color: bool = False, verbose: bool = False, widt
 
 
 def _ranges(ranks: list[int]) -> str:
-    if not ranks:
-        return ""
-    parts, start, prev = [], ranks[0], ranks[0]
-    for r in ranks[1:] + [None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    return "[" + ", ".join(parts) + "]"
+    return f"[{format_ranks(ranks)}]" if ranks else ""
