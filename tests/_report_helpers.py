@@ -8,10 +8,22 @@ import json
 import shutil
 from pathlib import Path
 
-from conftest import CORPUS
+import pytest
+from conftest import CORPUS, SAMPLES
 
 TRACE_FILTER = CORPUS / "hta" / "tests" / "data" / "trace_filter"
+DEMO = SAMPLES / "demo"  # a real 2-rank capture (H200, gloo) committed with the repo: runs where the corpus is absent
 HOSTILE = "<script>alert(1)</script>"
+
+# The run dirs the report tests run on: the committed sample always, the corpus's trace_filter where present.
+RUN_DIRS = [pytest.param(DEMO, id="demo"), pytest.param(TRACE_FILTER, id="corpus-trace_filter", marks=pytest.mark.corpus)]
+
+
+def need(path: Path) -> Path:
+    """The path, or a clean skip when it is absent (the corpus may not be beside the checkout)."""
+    if not path.exists():
+        pytest.skip(f"reference corpus not present at {path}")
+    return path
 
 
 @functools.lru_cache(maxsize=None)
@@ -22,10 +34,11 @@ def checked(path: str):
     return pipeline.check(Path(path), use_cache=False)
 
 
-def hostile_run(dst: Path) -> Path:
-    """A copy of trace_filter whose first kernels on every rank are renamed to markup and a quote-breaking string."""
+def hostile_run(dst: Path, base: Path = TRACE_FILTER) -> Path:
+    """A copy of a run dir's traces (trace_filter by default) whose first kernels on every rank are renamed to markup
+    and a quote-breaking string."""
     dst.mkdir(parents=True, exist_ok=True)
-    for src in sorted(TRACE_FILTER.glob("*.json.gz")):
+    for src in sorted(base.glob("*.json.gz")):
         data = json.loads(gzip.decompress(src.read_bytes()))
         n = 0
         for ev in data["traceEvents"]:

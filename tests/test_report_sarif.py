@@ -11,12 +11,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-from _report_helpers import TRACE_FILTER, checked
+from _report_helpers import RUN_DIRS, checked, need
 
 from traceql.report import sarif
 
 SCHEMA = orjson.loads((Path(__file__).parent / "data" / "sarif" / "sarif-schema-2.1.0.json").read_bytes())
-pytestmark = pytest.mark.corpus
 
 
 # --- a draft-04 validator for the keywords the SARIF schema uses -----------------------------------------------
@@ -108,11 +107,10 @@ def test_validator_rejects_invalid_sarif():
 
 # --- traceql's SARIF ---------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def result():
-    if not TRACE_FILTER.is_dir():
-        pytest.skip(f"reference corpus not present at {TRACE_FILTER}")
-    return checked(str(TRACE_FILTER))
+@pytest.fixture(scope="module", params=RUN_DIRS)
+def result(request):
+    """The committed sample run (always) and the corpus's trace_filter (where present)."""
+    return checked(str(need(request.param)))
 
 
 def test_sarif_validates_against_official_schema(result):
@@ -142,13 +140,15 @@ def test_results_locate_file_rank_and_step(result):
     run = doc["runs"][0]
     assert len(run["results"]) == len(result.findings)
     rules = run["tool"]["driver"]["rules"]
+    base = result.run.path
+    rank_of = {s.path.resolve(): s.rank for s in result.run.sources}
     for f, r in zip(result.findings, run["results"], strict=True):
         assert rules[r["ruleIndex"]]["id"] == f.rule == r["ruleId"]
         assert r["partialFingerprints"][sarif.FINGERPRINT_KEY] == f.fingerprint
         loc = r["locations"][0]
         uri = loc["physicalLocation"]["artifactLocation"]["uri"]
-        assert not uri.startswith("/") and (TRACE_FILTER / uri).is_file()
-        assert f"rank-{f.ranks[0]}" in uri  # trace_filter's files are named by rank: the result names its own file
+        assert not uri.startswith("/") and (base / uri).is_file()
+        assert rank_of[(base / uri).resolve()] == f.ranks[0]  # the result names its own rank's file
         name = loc["logicalLocations"][0]["name"]
         assert name.startswith(f"rank{','.join(map(str, f.ranks))}")
         if f.step is not None:
@@ -162,15 +162,14 @@ def test_logical_name_shapes():
     assert sarif.logical_name([], None) == "run"
 
 
-def test_sarif_via_cli(tmp_path):
-    if not TRACE_FILTER.is_dir():
-        pytest.skip("corpus absent")
+@pytest.mark.parametrize("run_dir", RUN_DIRS)
+def test_sarif_via_cli(run_dir, tmp_path):
     from click.testing import CliRunner
 
     from traceql.cli import main
 
     out = tmp_path / "r.sarif"
-    res = CliRunner().invoke(main, ["check", str(TRACE_FILTER), "--format", "sarif", "--out", str(out), "--quiet", "--no-cache"])
+    res = CliRunner().invoke(main, ["check", str(need(run_dir)), "--format", "sarif", "--out", str(out), "--quiet", "--no-cache"])
     assert res.exit_code in (0, 1), res.output
     doc = orjson.loads(out.read_bytes())
     assert_valid(doc)
