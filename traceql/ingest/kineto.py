@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+from array import array
 import re
 import zlib
 from pathlib import Path
@@ -323,7 +324,7 @@ def _ns(values: list) -> pl.Series:
     Integer microseconds convert exactly; floats convert their whole and fractional parts apart, so that epoch-scale
     timestamps keep every nanosecond the float carried.
     """
-    if values.count(None) == len(values):
+    if _all_none(values):
         return _nulls(len(values), pl.Int64)
     s = pl.Series(values, strict=False)
     if s.dtype == pl.String:
@@ -355,12 +356,11 @@ def _int1(v) -> int | None:
 
 def _ints(values: list) -> pl.Series:
     """A column of int64 in Rust; the rare values it cannot take (strings, huge ints) are redone one by one."""
-    none = values.count(None)
-    if none == len(values):  # common (args keys most events lack): polars would scan the list in Python
-        return _nulls(none, pl.Int64)
+    if _all_none(values):  # common (args keys most events lack): polars would scan the list in Python
+        return _nulls(len(values), pl.Int64)
     s = pl.Series(values, dtype=pl.Int64, strict=False)
     nulls = s.null_count()
-    if nulls and nulls != none:
+    if nulls and nulls != values.count(None):
         bad = s.is_null().arg_true().to_list()
         s = s.scatter(bad, pl.Series([_int1(values[i]) for i in bad], dtype=pl.Int64)) if bad else s
     return s
@@ -368,7 +368,7 @@ def _ints(values: list) -> pl.Series:
 
 def _id_cols(values: list) -> tuple[pl.Series, pl.Series | None]:
     """pid/tid values -> (int64 column, the names of the non-numeric ones or None). Numeric strings are numbers."""
-    if values.count(None) == len(values):
+    if _all_none(values):
         return _nulls(len(values), pl.Int64), None
     s = pl.Series(values, dtype=pl.Int64, strict=False)
     names = None
@@ -416,12 +416,17 @@ def _nulls(n: int, dtype) -> pl.Series:
     return pl.repeat(None, n, dtype=dtype, eager=True)
 
 
+def _all_none(values: list) -> bool:
+    # list.count is cheap on None (identity) and dear on anything else: only scan when the ends are None.
+    return not values or (values[0] is None and values[-1] is None and values.count(None) == len(values))
+
+
 def _str_col(values: list) -> pl.Series:
-    none = values.count(None)
-    if none == len(values):
-        return _nulls(none, pl.String)
+    if _all_none(values):
+        return _nulls(len(values), pl.String)
     s = pl.Series(values, dtype=pl.String, strict=False)
-    if s.null_count() != none:
+    nulls = s.null_count()
+    if nulls and nulls != values.count(None):
         s = pl.Series([v if v is None or type(v) is str else str(v) for v in values], dtype=pl.String)
     return s
 
@@ -451,12 +456,13 @@ if msgspec is not None:
     from typing import Any, Union
 
     _Args = msgspec.defstruct(
-        "_Args", [(a, Any, msgspec.field(default=None, name=k)) for a, k in _ARG_KEYS.items()], forbid_unknown_fields=False
+        "_Args", [(a, Any, msgspec.field(default=None, name=k)) for a, k in _ARG_KEYS.items()], gc=False
     )
     _Event = msgspec.defstruct(
         "_Event",
         [("ph", Any, None), ("cat", Any, None), ("name", Any, None), ("pid", Any, None), ("tid", Any, None),
          ("ts", Any, None), ("dur", Any, 0), ("id", Any, None), ("args", Union[_Args, None], None)],
+        gc=False,  # plain values only, no cycles: not tracked, cheaper to make and free
     )
     _DECODER = msgspec.json.Decoder(list[_Event])
     _NO_ARGS = _Args()
@@ -633,18 +639,14 @@ class _Fallback(Exception):
 
 
 def _kernel_rows(df: pl.DataFrame, ids: _Ids) -> pl.DataFrame:
+    """One chunk's kernels. Kind, collective and memcpy details are worked out once per distinct (cat, name) of the
+    chunk and joined back (per chunk, so that no copy of the whole table is ever made)."""
     df = df.with_columns(pid=ids.resolve(df, "pid"), tid=ids.resolve(df, "tid"))
-    return df.select(
+    df = df.select(
         "id", device=pl.col("device").fill_null(pl.col("pid")), stream=pl.col("stream").fill_null(pl.col("tid")),
         name="name", cat=pl.col("cat").str.to_lowercase(), ts="ts", dur="dur", end=pl.col("ts") + pl.col("dur"),
         correlation="correlation", external_id="external_id", bytes="bytes",
     )
-
-
-def _kernels(df: pl.DataFrame | None) -> pl.DataFrame | None:
-    """Kind, collective and memcpy details, worked out once per distinct (cat, name) and joined back."""
-    if df is None:
-        return None
     name = pl.col("name")
     low = name.str.to_lowercase()
     cat = pl.col("cat")
@@ -681,22 +683,18 @@ def _host_rows(df: pl.DataFrame, ids: _Ids) -> pl.DataFrame:
 def _host_ops(df: pl.DataFrame | None) -> pl.DataFrame | None:
     if df is None:
         return None
-    parent, depth = _nest(df["pid"], df["tid"], df["ts"], df["end"], df["id"].to_list())
-    return df.with_columns(parent=pl.Series(parent, dtype=pl.Int64), depth=pl.Series(depth, dtype=pl.Int32))
+    parent, depth = _nest(df)
+    return df.with_columns(parent=parent, depth=depth)
 
 
 def _runtime_rows(df: pl.DataFrame, ids: _Ids) -> pl.DataFrame:
+    """One chunk's runtime calls: names without their _vNNNN suffix and the kind of call, worked out once per
+    distinct name of the chunk."""
     df = df.with_columns(pid=ids.resolve(df, "pid"), tid=ids.resolve(df, "tid"))
-    return df.select(
+    df = df.select(
         "id", "pid", "tid", "name", ts="ts", end=pl.col("ts") + pl.col("dur"), dur="dur",
         correlation="correlation", external_id="external_id",
     )
-
-
-def _runtime(df: pl.DataFrame | None) -> pl.DataFrame | None:
-    """Names without their _vNNNN suffix and the kind of call, worked out once per distinct name."""
-    if df is None:
-        return None
     bare = pl.col("name").str.replace(r"_v\d+$", "")
     u = df.select(pl.col("name").unique()).with_columns(bare=bare, kind=_runtime_kind_expr(bare))
     df = df.join(u, on="name", how="left", nulls_equal=True, maintain_order="left")
@@ -729,9 +727,13 @@ def _syncs(df: pl.DataFrame | None, ids: _Ids) -> pl.DataFrame | None:
 
 def _flow_rows(df: pl.DataFrame, ids: _Ids) -> pl.DataFrame:
     df = df.with_columns(pid=ids.resolve(df, "pid"), tid=ids.resolve(df, "tid"))
-    return df.select(
-        "ph",
-        kind=pl.when(pl.col("cat").is_null() | (pl.col("cat") == "")).then(pl.col("name")).otherwise(pl.col("cat")),
+    # Only starts and ends pair up (ph t steps are not kept); a few distinct kinds: categorical keeps the join small.
+    return df.filter(pl.col("ph").is_in(["s", "f"])).select(
+        start=pl.col("ph") == "s",
+        kind=pl.when(pl.col("cat").is_null() | (pl.col("cat") == ""))
+        .then(pl.col("name"))
+        .otherwise(pl.col("cat"))
+        .cast(pl.Categorical),
         flow_id="flow_id", pid="pid", tid="tid", ts="ts",
     )
 
@@ -741,56 +743,57 @@ def _flows(df: pl.DataFrame | None) -> pl.DataFrame | None:
     if df is None:
         return None
     src = (
-        df.filter(pl.col("ph") == "s")
+        df.filter("start")
         .unique(["kind", "flow_id"], keep="first", maintain_order=True)
         .select("kind", "flow_id", src_pid="pid", src_tid="tid", src_ts="ts")
     )
     dst = (
-        df.filter(pl.col("ph") == "f")
+        df.filter(~pl.col("start"))
         .unique(["kind", "flow_id"], keep="first", maintain_order=True)
         .select("kind", "flow_id", dst_pid="pid", dst_tid="tid", dst_ts="ts")
     )
-    return src.join(dst, on=["kind", "flow_id"], how="full", coalesce=True, nulls_equal=False)
+    out = src.join(dst, on=["kind", "flow_id"], how="full", coalesce=True, nulls_equal=False)
+    return out.with_columns(pl.col("kind").cast(pl.String))
 
 
-def _nest(pid: pl.Series, tid: pl.Series, ts: pl.Series, end: pl.Series, ids: list) -> tuple[list, list]:
+def _nest(df: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
     """Parent id and depth of each interval by a per-thread stack sweep over intervals sorted by (start, -end)."""
-    n = len(ids)
-    order = (
-        pl.DataFrame({"p": pid, "t": tid, "s": ts, "e": end})
+    n = df.height
+    s = (
+        df.select("pid", "tid", "ts", end=pl.col("end").fill_null(pl.col("ts")))
         .with_row_index("i")
-        .sort(["p", "t", "s", "e"], descending=[False, False, False, True], nulls_last=True)["i"]
-        .to_list()
+        .sort(["pid", "tid", "ts", "end"], descending=[False, False, False, True], nulls_last=True, maintain_order=True)
     )
-    pid, tid, ts, end = pid.to_list(), tid.to_list(), ts.to_list(), end.to_list()
-    parent = [None] * n
-    depth = [0] * n
-    stack_end: list = []
-    stack_i: list = []
-    cur = None
-    for i in order:
-        key = (pid[i], tid[i])
-        if key != cur:
-            cur = key
-            stack_end.clear()
-            stack_i.clear()
-        t = ts[i]
+    s = s.select("ts", "end", "i", first=s["pid"].ne_missing(s["pid"].shift()) | s["tid"].ne_missing(s["tid"].shift()))
+    parent = array("q", [-1]) * n  # positions; 8 bytes each rather than a Python int each
+    depth = array("i", [0]) * n
+    st_end: list = []
+    st_ts: list = []
+    st_i: list = []
+    # Slice by slice, so that only one slice's Python ints exist at a time (the stacks carry over).
+    rows = (zip(*(c.to_list() for c in piece.get_columns())) for piece in s.iter_slices(1 << 16))
+    for t, e, i, first in (r for piece in rows for r in piece):
+        if first:  # the next thread
+            st_end.clear()
+            st_ts.clear()
+            st_i.clear()
         if t is None:
             continue
         # The top ended before this starts: a finished sibling. A top that starts at the same time sorted first
         # because it is at least as long, so it encloses this one even when both are zero-length.
-        while stack_end and stack_end[-1] <= t and ts[stack_i[-1]] != t:
-            stack_end.pop()
-            stack_i.pop()
-        e = end[i]
+        while st_end and st_end[-1] <= t and st_ts[-1] != t:
+            st_end.pop()
+            st_ts.pop()
+            st_i.pop()
         # Children that stick out past their parent's end (clock rounding) still nest under it.
-        if stack_i:
-            p = stack_i[-1]
-            parent[i] = ids[p]
-            depth[i] = len(stack_i)
-        stack_end.append(e if e is not None else t)
-        stack_i.append(i)
-    return parent, depth
+        if st_i:
+            parent[i] = st_i[-1]
+            depth[i] = len(st_i)
+        st_end.append(e)
+        st_ts.append(t)
+        st_i.append(i)
+    pos = pl.Series(parent, dtype=pl.Int64)
+    return df["id"].gather(pos.set(pos < 0, None).cast(pl.UInt32)), pl.Series(depth, dtype=pl.Int32)
 
 
 def _pair_be(evs: list) -> list:
@@ -997,38 +1000,70 @@ def _collectives(host: pl.DataFrame | None, coll_args: dict, runtime: pl.DataFra
                  kernels: pl.DataFrame | None, header_backend: str | None, pg_backend: dict) -> pl.DataFrame | None:
     if host is None or host.height == 0:
         return None
-    rpc_mask = host["name"] == "record_param_comms"
-    annot_mask = host["name"].str.contains("(?i)" + _ANNOT.pattern, literal=False).fill_null(False)
-    if not rpc_mask.any() and not annot_mask.any():
+    # The candidates were picked per chunk (their args are in coll_args): record_param_comms ops and nccl:/gloo:
+    # annotations. Only they and their ancestor chains are looked at, never the whole table in Python.
+    cand = host.with_row_index("_row").filter(pl.col("id").is_in(pl.Series(list(coll_args), dtype=pl.Int64).implode()))
+    cand = cand.with_columns(
+        rpc=pl.col("name") == "record_param_comms",
+        annot=pl.col("name").str.contains("(?i)" + _ANNOT.pattern).fill_null(False),
+    ).filter(pl.col("rpc") | pl.col("annot"))
+    if cand.height == 0:
         return None
-    rows_idx = {i: r for r, i in enumerate(host["id"].to_list())}
-    parent_of = dict(zip(host["id"].to_list(), host["parent"].to_list()))
-    names = host["name"].to_list()
-    rpc_ids = set(host.filter(rpc_mask)["id"].to_list())
-    annots = host.filter(annot_mask).select("id", "name", "parent")
+    rpc_mask = host["id"].is_in(cand.filter("rpc")["id"].implode())
+    annot_mask = host["id"].is_in(cand.filter("annot")["id"].implode())
+    ids = host["id"]
+    if ids.is_sorted():
+        parent_row = ids.search_sorted(host["parent"].fill_null(-1), side="left").cast(pl.Int64)
+        found = ids.gather(parent_row.clip(0, max(host.height - 1, 0))) == host["parent"]
+        parent_row = parent_row.set(~found.fill_null(False), None)
+    else:  # B/E pairs appended out of order: a join instead
+        parent_row = (
+            host.select("parent")
+            .join(host.select("id").with_row_index("r"), left_on="parent", right_on="id", how="left",
+                  maintain_order="left")["r"].cast(pl.Int64)
+        )
+
+    def first_ancestor(start_rows: list, hit: pl.Series) -> list:
+        """For each start row, the first strict ancestor row (within 64 hops) where `hit` holds, else None."""
+        out = [None] * len(start_rows)
+        todo = list(range(len(start_rows)))
+        cur = parent_row.gather(pl.Series(start_rows, dtype=pl.UInt32)) if start_rows else pl.Series([], dtype=pl.Int64)
+        for _ in range(64):
+            keep = cur.is_not_null()
+            if not keep.any():
+                break
+            todo = [t for t, k in zip(todo, keep.to_list()) if k]
+            cur = cur.filter(keep)
+            h = hit.gather(cur.cast(pl.UInt32)).to_list()
+            rows = cur.to_list()
+            nxt = []
+            for t, r, yes in zip(todo, rows, h):
+                if yes:
+                    out[t] = r
+                else:
+                    nxt.append(t)
+            if not nxt:
+                break
+            still = [not yes for yes in h]
+            todo = nxt
+            cur = parent_row.gather(cur.filter(pl.Series(still)).cast(pl.UInt32))
+        return out
+
+    names = host["name"]
+    host_ids = host["id"]
     # Annotations related to a record_param_comms op (ancestor or descendant on the same thread).
     annot_of_rpc: dict[int, str] = {}
     rpc_related = set()
-    for aid, aname, par in annots.iter_rows():
-        p = par
-        hops = 0
-        while p is not None and hops < 64:
-            if p in rpc_ids:
-                annot_of_rpc.setdefault(p, aname)
-                rpc_related.add(aid)
-                break
-            p = parent_of.get(p)
-            hops += 1
-    for rid in rpc_ids:
-        p = parent_of.get(rid)
-        hops = 0
-        while p is not None and hops < 64:
-            if names[rows_idx[p]] and _ANNOT.match(names[rows_idx[p]]):
-                annot_of_rpc.setdefault(rid, names[rows_idx[p]])
-                rpc_related.add(p)
-                break
-            p = parent_of.get(p)
-            hops += 1
+    annots = cand.filter("annot")
+    for (aid, aname), r in zip(annots.select("id", "name").iter_rows(), first_ancestor(annots["_row"].to_list(), rpc_mask)):
+        if r is not None:
+            annot_of_rpc.setdefault(host_ids[r], aname)
+            rpc_related.add(aid)
+    rpcs = cand.filter("rpc")
+    for rid, r in zip(rpcs["id"].to_list(), first_ancestor(rpcs["_row"].to_list(), annot_mask)):
+        if r is not None:
+            annot_of_rpc.setdefault(rid, names[r])
+            rpc_related.add(host_ids[r])
 
     # Launch lookup: per thread, sorted launch start times with their correlations; external id -> correlations.
     comm_k: dict[int, tuple[int, int]] = {}
@@ -1218,9 +1253,9 @@ def _read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
         source.meta["parser"] = "whole"
 
     ids = acc.ids
-    kernels = _kernels(acc.frame("k"))
+    kernels = acc.frame("k")
     host = _host_ops(acc.frame("h"))
-    runtime = _runtime(acc.frame("r"))
+    runtime = acc.frame("r")
     syncs = acc.frame("s")
     flows = _flows(acc.frame("f"))
     acc.parts.clear()
