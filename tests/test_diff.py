@@ -7,15 +7,18 @@ import dataclasses
 import orjson
 import polars as pl
 import pytest
-from _report_helpers import TRACE_FILTER, checked
+from _report_helpers import DEMO, TRACE_FILTER, checked
 from conftest import FIXTURES
 
 from traceql.report import diff as d
 from traceql.report.result import CheckResult
 
-pytestmark = pytest.mark.corpus
-RANK1_ONLY = TRACE_FILTER / "sampled_rank-1.json.gz"  # one file of the run: a run of rank 1 alone
 AUTO_DYNAMIC, RECOMPILE_STORM = FIXTURES / "compile-auto-dynamic", FIXTURES / "compile-recompile-storm"
+# (a two-rank run, one file of it: a run of rank 1 alone): the committed sample always, the corpus where present
+RUNS = [
+    pytest.param(DEMO, DEMO / "rank1.pt.trace.json.gz", id="demo"),
+    pytest.param(TRACE_FILTER, TRACE_FILTER / "sampled_rank-1.json.gz", id="corpus-trace_filter", marks=pytest.mark.corpus),
+]
 
 
 def _need(*paths):
@@ -24,9 +27,10 @@ def _need(*paths):
             pytest.skip(f"{p} not present")
 
 
-def test_a_run_against_itself_changes_nothing():
-    _need(TRACE_FILTER)
-    r = checked(str(TRACE_FILTER))
+@pytest.mark.parametrize("run_dir, rank1_only", RUNS)
+def test_a_run_against_itself_changes_nothing(run_dir, rank1_only):
+    _need(run_dir)
+    r = checked(str(run_dir))
     out = d.diff(r, r)
     assert out["findings"]["new"] == [] and out["findings"]["resolved"] == []
     assert len(out["findings"]["persisting"]) == len(r.findings)
@@ -50,11 +54,12 @@ def test_diff_is_antisymmetric():
             assert (x is None and y is None) or abs(x + y) < 1e-6, (rank, k, x, y)
 
 
-def test_step_metrics_follow_step_breakdown():
-    _need(TRACE_FILTER)
+@pytest.mark.parametrize("run_dir, rank1_only", RUNS)
+def test_step_metrics_follow_step_breakdown(run_dir, rank1_only):
+    _need(rank1_only)
     from traceql import link
 
-    a, b = checked(str(TRACE_FILTER)), checked(str(RANK1_ONLY))
+    a, b = checked(str(run_dir)), checked(str(rank1_only))
     out = d.diff(a, b)
     for res, side in ((a, "a"), (b, "b")):
         bd = link.ensure(res.run, "step_breakdown")
@@ -67,9 +72,10 @@ def test_step_metrics_follow_step_breakdown():
     assert out["ranks"]["0"]["step_time_ms"]["delta"] is None
 
 
-def test_findings_with_other_step_numbers_persist_by_rule_and_rank():
-    _need(TRACE_FILTER)
-    a = checked(str(TRACE_FILTER))
+@pytest.mark.parametrize("run_dir, rank1_only", RUNS)
+def test_findings_with_other_step_numbers_persist_by_rule_and_rank(run_dir, rank1_only):
+    _need(run_dir)
+    a = checked(str(run_dir))
     assert a.findings
     moved = [dataclasses.replace(f, step=(f.step or 0) + 1000) for f in a.findings]
     b = CheckResult(a.run, a.results, findings=moved)
@@ -97,19 +103,20 @@ def test_recompiles_and_graph_breaks_from_compile_events():
     assert any("recompiles" in h for h in out["hints"])
 
 
-def test_cli_json_and_text():
-    _need(TRACE_FILTER)
+@pytest.mark.parametrize("run_dir, rank1_only", RUNS)
+def test_cli_json_and_text(run_dir, rank1_only):
+    _need(rank1_only)
     from click.testing import CliRunner
 
     from traceql.cli import main
 
-    args = ["diff", str(TRACE_FILTER), str(RANK1_ONLY), "--quiet"]
+    args = ["diff", str(run_dir), str(rank1_only), "--quiet"]
     res = CliRunner().invoke(main, [*args, "--format", "json"])
     assert res.exit_code == 0, res.output
     data = orjson.loads(res.stdout)
     assert set(data) >= {"a", "b", "ranks", "findings", "hints"}
     text = d.render_text(data)
-    assert "new findings" in text and "step time" in text and str(RANK1_ONLY) in text
+    assert "new findings" in text and "step time" in text and str(rank1_only) in text
 
 
 def test_cli_fails_cleanly_on_missing_run(tmp_path):
