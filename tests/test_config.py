@@ -7,8 +7,9 @@ import sys
 
 import orjson
 import pytest
-from _report_helpers import TRACE_FILTER
+from _report_helpers import TRACE_FILTER, need
 from click.testing import CliRunner
+from conftest import FIXTURES
 
 from traceql.cli import main
 from traceql.rules import config as c
@@ -87,45 +88,50 @@ def test_select_and_ignore_by_prefix_and_name(rules):
     assert {r.id for r in c.choose(rules, ["exposed-communication"], [])} == {"TQL101"}
 
 
-# --- end to end on the corpus ------------------------------------------------------------------------------------
+# --- end to end: a committed capture whose manifest expects TQL101 on ranks 0 and 1, and the corpus -----------------
 
-def _check(*args):
-    return CliRunner().invoke(main, ["check", str(TRACE_FILTER), "--select", "TQL101", "--quiet", *args])
+RUNS = [
+    pytest.param(FIXTURES / "h200-exposed-allreduce", id="h200-exposed-allreduce"),
+    pytest.param(TRACE_FILTER, id="corpus-trace_filter", marks=pytest.mark.corpus),
+]
 
 
-@pytest.mark.corpus
-def test_threshold_from_config_file_changes_findings(tmp_path):
-    if not TRACE_FILTER.is_dir():
-        pytest.skip("corpus absent")
-    base = orjson.loads(_check("--format", "json").stdout)
+@pytest.fixture(params=RUNS)
+def run_dir(request):
+    return need(request.param)
+
+
+def _check(run_dir, *args):
+    return CliRunner().invoke(main, ["check", str(run_dir), "--select", "TQL101", "--quiet", *args])
+
+
+def test_threshold_from_config_file_changes_findings(run_dir, tmp_path):
+    base = orjson.loads(_check(run_dir, "--format", "json").stdout)
     assert any(f["rule"] == "TQL101" for f in base["findings"])
     p = _write(tmp_path / "traceql.toml", "[rules.TQL101]\nmax_overlap_pct = 0.0\n")  # nothing overlaps under 0%
-    res = _check("--format", "json", "--config", str(p))
+    res = _check(run_dir, "--format", "json", "--config", str(p))
     assert res.exit_code == 0, res.output
     assert orjson.loads(res.stdout)["findings"] == []
     bad = _write(tmp_path / "bad.toml", "[rules.TQL101]\nmax_overlap_pt = 0.0\n")
-    res = _check("--config", str(bad))
+    res = _check(run_dir, "--config", str(bad))
     assert res.exit_code == 2 and "max_overlap_pct" in res.output
 
 
-@pytest.mark.corpus
-def test_baseline_and_suppress_by_fingerprint(tmp_path):
-    if not TRACE_FILTER.is_dir():
-        pytest.skip("corpus absent")
+def test_baseline_and_suppress_by_fingerprint(run_dir, tmp_path):
     report = tmp_path / "base.json"
-    res = _check("--format", "json", "--out", str(report))
+    res = _check(run_dir, "--format", "json", "--out", str(report))
     assert res.exit_code == 1  # TQL101 is a warning, the default fail-on
     fps = [f["fingerprint"] for f in orjson.loads(report.read_bytes())["findings"]]
-    assert len(fps) == 2
-    res = _check("--baseline", str(report))
+    assert len(fps) == 2  # one per rank
+    res = _check(run_dir, "--baseline", str(report))
     assert res.exit_code == 0 and "No findings" in res.output
     p = _write(tmp_path / "traceql.toml", f"suppress = [{fps[0]!r}]\n")
-    data = orjson.loads(_check("--format", "json", "--config", str(p)).stdout)
+    data = orjson.loads(_check(run_dir, "--format", "json", "--config", str(p)).stdout)
     assert [f["fingerprint"] for f in data["findings"]] == fps[1:]
     never = _write(tmp_path / "never.toml", 'fail-on = "never"\n')
-    assert _check("--config", str(never)).exit_code == 0
+    assert _check(run_dir, "--config", str(never)).exit_code == 0
     junk = _write(tmp_path / "junk.json", "[1, 2]")
-    res = _check("--baseline", str(junk))
+    res = _check(run_dir, "--baseline", str(junk))
     assert res.exit_code == 2 and "not a traceql --format json report" in res.output
 
 
@@ -141,15 +147,12 @@ def test_progress_bar_writes_to_stderr_only():
         bar.close()
 
 
-@pytest.mark.corpus
-def test_piped_json_asks_for_no_progress_bar(monkeypatch):
-    if not TRACE_FILTER.is_dir():
-        pytest.skip("corpus absent")
+def test_piped_json_asks_for_no_progress_bar(run_dir, monkeypatch):
     from traceql import pipeline
 
     asked = []
     monkeypatch.setattr(pipeline, "_progress", lambda sources: asked.append(len(sources)))
-    args = ["check", str(TRACE_FILTER), "--select", "TQL101"]
+    args = ["check", str(run_dir), "--select", "TQL101"]
     res = CliRunner().invoke(main, [*args, "--format", "json"])  # CliRunner's stdout is not a terminal: piped
     orjson.loads(res.stdout)  # stdout is the report and nothing else
     assert asked == []
