@@ -24,6 +24,7 @@ from traceql.rules.engine import run_rules
 from traceql.rules.loader import load_rule
 
 TRACE_FILTER = corpus_path("hta", "tests", "data", "trace_filter")
+DEMO = REPO / "samples" / "demo"  # 2 gloo ranks on an H200, captured; committed, so it runs where the corpus is absent
 NSYS_2GPU = corpus_path("nsys", "mfu_2gpu_before.sqlite")
 TRACE_DIFF = corpus_path("hta", "tests", "data", "trace_diff")
 
@@ -90,12 +91,14 @@ def test_tql303_fires_on_desync_and_stays_quiet_on_clean_run():
     assert _findings(FIXTURES / "nccl-fr-ok", "TQL303") == []
 
 
-# ------------------------------------------------------------------ sampled ranks 0 and 1 of a 128-rank NCCL job
+# ------------------------------------------------------------------ two ranks of a job: samples/demo (2 gloo ranks,
+# committed) and, where present, the sampled ranks 0 and 1 of a 128-rank NCCL job
 
 
-@pytest.fixture(scope="module")
-def sampled():
-    return load_run(_need(TRACE_FILTER))
+@pytest.fixture(scope="module", params=[pytest.param(DEMO, id="demo"),
+                                        pytest.param(TRACE_FILTER, id="corpus-trace_filter", marks=pytest.mark.corpus)])
+def sampled(request):
+    return load_run(_need(request.param))
 
 
 def test_sampled_ranks_match_by_call_order_per_step(sampled):
@@ -107,7 +110,8 @@ def test_sampled_ranks_match_by_call_order_per_step(sampled):
     assert m.group_by("match_id").agg(pl.col("step").n_unique())["step"].max() == 1
 
 
-def test_missing_world_ranks_are_noted(sampled):
+def test_missing_world_ranks_are_noted():
+    sampled = load_run(_need(TRACE_FILTER))
     gaps = link.ensure(sampled, "collective_gaps")
     missing = gaps.filter(pl.col("status") == "missing")["rank"].to_list()
     assert missing == list(range(2, 128))
@@ -137,7 +141,7 @@ def test_critical_path_parts_add_up_to_the_step(sampled):
 
 def test_launch_bound_gaps_are_within_the_gaps(sampled):
     lb = link.ensure(sampled, "launch_bound")
-    assert lb.height == 4
+    assert lb.height == sampled.table("steps").select("rank", "step").unique().height  # one row per rank and step
     assert ((lb["launch_gap_ms"] <= lb["gap_ms"] + 1e-9) & (lb["busy_ms"] <= lb["step_ms"] + 1e-9)).all()
 
 
@@ -156,19 +160,21 @@ def test_graph_skeleton(sampled):
     assert len(launched) == k.filter(pl.col("correlation").is_not_null()).height
     # one match node per collective matched on both ranks, one peer edge in from each rank
     matches = [n for n, d in g.nodes(data="kind") if d == "collective_match"]
-    assert len(matches) == 10 and all(g.in_degree(n) == 2 for n in matches)
+    calls = sampled.table("collectives").group_by("rank").len()["len"]
+    assert calls.n_unique() == 1  # both ranks record every call of the job
+    assert len(matches) == calls[0] > 0 and all(g.in_degree(n) == 2 for n in matches)
 
 
-def test_graph_command_writes_node_link_json(tmp_path):
+def test_graph_command_writes_node_link_json(sampled, tmp_path):
     from traceql.link.graph_cli import graph_command
 
     out = tmp_path / "g.json"
-    res = CliRunner().invoke(graph_command, [str(_need(TRACE_FILTER)), "--out", str(out)])
+    res = CliRunner().invoke(graph_command, [str(sampled.path), "--out", str(out)])
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     assert data["directed"] and len(data["nodes"]) > 1000 and len(data["edges"]) > 1000
     gml = tmp_path / "g.graphml"
-    assert CliRunner().invoke(graph_command, [str(TRACE_FILTER), "--out", str(gml), "--graphml"]).exit_code == 0
+    assert CliRunner().invoke(graph_command, [str(sampled.path), "--out", str(gml), "--graphml"]).exit_code == 0
     assert nx.read_graphml(gml).number_of_nodes() == len(data["nodes"])
 
 
@@ -180,6 +186,24 @@ def test_traces_of_different_runs_are_flagged(tmp_path):
     run = load_run(tmp_path, use_cache=False)
     link.ensure(run, "collective_matches")
     assert any("disagree on the world size" in s for s in run.notes)
+
+
+def test_a_member_rank_without_its_trace_is_noted(tmp_path):
+    """samples/demo with rank 1's trace left out: a 2-rank group (distributedInfo) with one rank present."""
+    (tmp_path / "rank0.pt.trace.json.gz").symlink_to(DEMO / "rank0.pt.trace.json.gz")
+    run = load_run(tmp_path, use_cache=False)
+    gaps = link.ensure(run, "collective_gaps")
+    assert gaps.filter(pl.col("status") == "missing")["rank"].to_list() == [1]
+    assert any("1 of 2" in s and "no trace in the run dir" in s for s in run.notes), run.notes
+
+
+def test_traces_of_different_captures_are_flagged(tmp_path):
+    # committed captures: rank 1 of the 2-rank demo and rank 0 of a 1-rank run (distributedInfo world sizes 2 and 1)
+    (tmp_path / "a.json.gz").symlink_to(DEMO / "rank1.pt.trace.json.gz")
+    (tmp_path / "b.json.gz").symlink_to(FIXTURES / "h200-host-sync-per-step" / "rank0.pt.trace.json.gz")
+    run = load_run(tmp_path, use_cache=False)
+    link.ensure(run, "collective_matches")
+    assert any("disagree on the world size" in s for s in run.notes), run.notes
 
 
 # ------------------------------------------------------------------ 2 ranks in one nsys export (one clock)
