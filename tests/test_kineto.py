@@ -453,10 +453,10 @@ def test_fast_and_fallback_parsers_give_identical_tables(rel, corpus, monkeypatc
 
 
 def test_tiny_chunks_give_the_same_tables(tmp_path, corpus, monkeypatch):
-    """Cut the array into ~150 chunks: every chunk boundary, string-id and collective-args hand-over is crossed."""
+    """Cut the array into ~40 chunks: every chunk boundary, string-id and collective-args hand-over is crossed."""
     rel = "tests/data/nccl_parser_config/nccl_data.json.gz"
     _, whole = _read_corpus(rel)
-    monkeypatch.setattr(kineto, "_BLOCK", 64 << 10)
+    monkeypatch.setattr(kineto, "_BLOCK", 256 << 10)
     src, tiny = _read(_hta(*rel.split("/")))
     assert src.meta["parser"] == "chunks"
     _same_tables(whole, tiny)
@@ -523,3 +523,21 @@ def test_truncated_after_the_event_array_keeps_header_keys_before_the_break(tmp_
     assert src.status == "partial" and "truncated" in src.detail
     assert src.rank == 1 and src.rank_origin == "distributedInfo"  # distributedInfo sits after the array here
     assert src.meta["events"] == INVENTORY["tests/data/trace_file_list/inference_rank_1.json.gz"]["n_events"]
+
+
+def test_warm_ingest_from_cache_matches_cold_in_source_order(tmp_path, corpus):
+    """Cache hits load in the calling process; a miss among them still goes through the importer; the run's
+    tables and sources come out in discovery order either way."""
+    for name, rel in (("rank-0.trace.json.gz", SMALL), ("rank-1.trace.json.gz", ("tests", "data", "critical_path",
+                                                                                     "simple_add", "benchmark_result_493459_1694039959_trace.json.gz"))):
+        (tmp_path / name).write_bytes(_hta(*rel).read_bytes())
+    cold = ingest(tmp_path, discover(tmp_path), use_cache=True, jobs=1)
+    (tmp_path / "rank-2.trace.json").write_bytes(_plain(_hta(*SMALL)))  # new content: a miss among hits
+    warm = ingest(tmp_path, discover(tmp_path), use_cache=True, jobs=1)
+    assert [s.path.name for s in warm.sources] == sorted(s.path.name for s in warm.sources)
+    assert [s.status for s in warm.sources] == ["ok"] * 3
+    for name in ("kernels", "host_ops", "runtime"):
+        two = warm.tables[name].filter(pl.col("source").is_in([s.id for s in warm.sources[:2]]))
+        assert_frame_equal(two.drop("source"), cold.tables[name].drop("source"))
+    assert warm.tables["kernels"].filter(pl.col("source") == warm.sources[2].id).height == \
+        cold.tables["kernels"].filter(pl.col("source") == cold.sources[0].id).height

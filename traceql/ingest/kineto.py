@@ -767,31 +767,23 @@ def _nest(df: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
     s = s.select("ts", "end", "i", first=s["pid"].ne_missing(s["pid"].shift()) | s["tid"].ne_missing(s["tid"].shift()))
     parent = array("q", [-1]) * n  # positions; 8 bytes each rather than a Python int each
     depth = array("i", [0]) * n
-    st_end: list = []
-    st_ts: list = []
-    st_i: list = []
-    # Slice by slice, so that only one slice's Python ints exist at a time (the stacks carry over).
-    rows = (zip(*(c.to_list() for c in piece.get_columns())) for piece in s.iter_slices(1 << 16))
-    for t, e, i, first in (r for piece in rows for r in piece):
-        if first:  # the next thread
-            st_end.clear()
-            st_ts.clear()
-            st_i.clear()
-        if t is None:
-            continue
-        # The top ended before this starts: a finished sibling. A top that starts at the same time sorted first
-        # because it is at least as long, so it encloses this one even when both are zero-length.
-        while st_end and st_end[-1] <= t and st_ts[-1] != t:
-            st_end.pop()
-            st_ts.pop()
-            st_i.pop()
-        # Children that stick out past their parent's end (clock rounding) still nest under it.
-        if st_i:
-            parent[i] = st_i[-1]
-            depth[i] = len(st_i)
-        st_end.append(e)
-        st_ts.append(t)
-        st_i.append(i)
+    stack: list = []  # (end, start, row) of the open intervals of this thread
+    # Slice by slice, so that only one slice's Python ints exist at a time (the stack carries over).
+    for piece in s.iter_slices(1 << 16):
+        for t, e, i, first in zip(*[c.to_list() for c in piece.get_columns()]):
+            if first:  # the next thread
+                stack.clear()
+            if t is None:
+                continue
+            # The top ended before this starts: a finished sibling. A top that starts at the same time sorted first
+            # because it is at least as long, so it encloses this one even when both are zero-length.
+            while stack and stack[-1][0] <= t and stack[-1][1] != t:
+                stack.pop()
+            # Children that stick out past their parent's end (clock rounding) still nest under it.
+            if stack:
+                parent[i] = stack[-1][2]
+                depth[i] = len(stack)
+            stack.append((e, t, i))
     pos = pl.Series(parent, dtype=pl.Int64)
     return df["id"].gather(pos.set(pos < 0, None).cast(pl.UInt32)), pl.Series(depth, dtype=pl.Int32)
 
@@ -831,7 +823,7 @@ def _pair_be(evs: list) -> list:
 # chunk's objects at a time plus the columns built so far; gzip is decompressed block by block. Anything else (other
 # layouts, B/E events, values of unexpected types, a damaged header) goes to the whole-document parser below.
 
-_BLOCK = 4 << 20  # bytes of JSON per chunk (about 30k events)
+_BLOCK = 8 << 20  # bytes of JSON per chunk (about 30k events)
 _EV_SEP = b"\n  },\n  {"
 _ARR_END = re.compile(rb"\n  \}\s*\]")  # the last event, then the array's end
 _ARR_HEAD = re.compile(rb'"traceEvents"\s*:\s*\[\n  \{\n')

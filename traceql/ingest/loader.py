@@ -14,6 +14,20 @@ from traceql.model import SCHEMAS, Run, Source, concat
 PARALLEL_MIN_BYTES = 8 << 20  # below this, process start-up costs more than it saves
 
 
+def _supported(source: Source) -> bool:
+    mod = module_for(source.kind)
+    return mod is not None and getattr(mod, "SUPPORTED", False)
+
+
+def _cached(source: Source) -> tuple[str | None, dict[str, pl.DataFrame] | None]:
+    """(cache key, tables) for a cache hit; (key, None) for a miss; (None, None) where the cache cannot be used."""
+    try:
+        key = cache.digest(source)
+        return key, cache.load(source, key)
+    except OSError:
+        return None, None
+
+
 def _ingest_one(source: Source, use_cache: bool) -> tuple[Source, dict[str, pl.DataFrame]]:
     mod = module_for(source.kind)
     if mod is None or not getattr(mod, "SUPPORTED", False):
@@ -24,13 +38,9 @@ def _ingest_one(source: Source, use_cache: bool) -> tuple[Source, dict[str, pl.D
         return source, {}
     key = None
     if use_cache:
-        try:
-            key = cache.digest(source)
-            hit = cache.load(source, key)
-            if hit is not None:
-                return source, hit
-        except OSError:
-            key = None
+        key, hit = _cached(source)
+        if hit is not None:
+            return source, hit
     try:
         tables = read_source(source)
     except IngestError as e:
@@ -60,6 +70,19 @@ def _size(s: Source) -> int:
 def ingest(run_path: Path, sources: list[Source], use_cache: bool = True, jobs: int | None = None, progress=None) -> Run:
     todo = [s for s in sources if s.status in ("ok", "partial")]
     results: list[tuple[Source, dict]] = []
+    if use_cache:
+        # Cache hits load here: a Parquet read takes milliseconds, a worker process (spawned, importing polars)
+        # takes about a second, so only the misses go to the pool.
+        misses = []
+        for s in todo:
+            hit = _cached(s)[1] if _supported(s) else None
+            if hit is None:
+                misses.append(s)
+                continue
+            results.append((s, hit))
+            if progress:
+                progress(s)
+        todo = misses
     total = sum(_size(s) for s in todo)
     jobs = jobs or min(len(todo), os.cpu_count() or 1)
     if jobs > 1 and len(todo) > 1 and total >= PARALLEL_MIN_BYTES:
@@ -76,6 +99,8 @@ def ingest(run_path: Path, sources: list[Source], use_cache: bool = True, jobs: 
             results.append(_ingest_one(s, use_cache))
             if progress:
                 progress(s)
+    order = {id(s): i for i, s in enumerate(sources)}
+    results.sort(key=lambda r: order.get(id(r[0]), len(order)))  # source order, hits and misses alike
     by_id = {s.id: s for s, _ in results}
     merged_sources = [by_id.get(s.id, s) for s in sources]
     frames: dict[str, list[pl.DataFrame]] = {}
