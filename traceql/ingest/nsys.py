@@ -316,7 +316,8 @@ def _runtime(db: _Db, strings: pl.DataFrame) -> pl.DataFrame:
                  {"ts": pl.Int64, "end": pl.Int64, "gtid": pl.Int64, "correlation": pl.Int64, "name_id": pl.Int64})
     # Names are few (one per API): clean and classify the distinct names, then join.
     names = r.select(pl.col("name_id").unique()).join(strings.rename({"sid": "name_id"}), on="name_id", how="left")
-    names = names.with_columns(pl.col("value").str.replace(r"_v\d+$", "").alias("name"))
+    # the version suffix has 4+ digits (cudaLaunchKernel_v7000); cuGetProcAddress_v2 is the API's own name
+    names = names.with_columns(pl.col("value").str.replace(r"_v\d{4,}$", "").alias("name"))
     kind = pl.lit("other")
     for k, rx in reversed(_RUNTIME_KINDS):
         kind = pl.when(pl.col("name").str.contains(rx)).then(pl.lit(k)).otherwise(kind)
