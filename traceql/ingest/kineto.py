@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import gc
 from array import array
+from concurrent.futures import ThreadPoolExecutor
 import re
 import zlib
 from pathlib import Path
@@ -829,8 +830,33 @@ _ARR_END = re.compile(rb"\n  \}\s*\]")  # the last event, then the array's end
 _ARR_HEAD = re.compile(rb'"traceEvents"\s*:\s*\[\n  \{\n')
 
 
+def _gunzipped(f, notes: list, size: int):
+    """Decompressed blocks of a gzip stream; a broken stream ends them with a note."""
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    pos = 0
+    while not d.eof:
+        raw = f.read(1 << 20)
+        if not raw:
+            break
+        pos += len(raw)
+        while raw:
+            try:
+                out = d.decompress(raw, size)
+            except zlib.error as e:
+                notes.append(f"gzip stream is corrupt near compressed byte {pos} ({e})")
+                return
+            if out:
+                yield out
+            raw = d.unconsumed_tail
+            if d.eof:
+                break
+    if not d.eof:
+        notes.append(f"gzip stream ends early at compressed byte {pos}")
+
+
 def _blocks(path: Path, notes: list, size: int | None = None):
-    """The file's (gunzipped) bytes, block by block; a broken gzip stream ends the blocks with a note."""
+    """The file's (gunzipped) bytes, block by block. Gzip is inflated one block ahead in a thread (zlib lets go of
+    the GIL while it works), so that decompression overlaps parsing instead of adding to it."""
     size = size or _BLOCK
     with open(path, "rb") as f:
         magic = f.read(2)
@@ -839,26 +865,12 @@ def _blocks(path: Path, notes: list, size: int | None = None):
             while block := f.read(size):
                 yield block
             return
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        pos = 0
-        while not d.eof:
-            raw = f.read(1 << 20)
-            if not raw:
-                break
-            pos += len(raw)
-            while raw:
-                try:
-                    out = d.decompress(raw, size)
-                except zlib.error as e:
-                    notes.append(f"gzip stream is corrupt near compressed byte {pos} ({e})")
-                    return
-                if out:
-                    yield out
-                raw = d.unconsumed_tail
-                if d.eof:
-                    break
-        if not d.eof:
-            notes.append(f"gzip stream ends early at compressed byte {pos}")
+        gen = _gunzipped(f, notes, size)
+        with ThreadPoolExecutor(1) as ex:
+            ahead = ex.submit(next, gen, None)
+            while (block := ahead.result()) is not None:
+                ahead = ex.submit(next, gen, None)
+                yield block
 
 
 def _decode_chunk(buf: bytearray, end: int, acc: _Acc, i0: int) -> int:
