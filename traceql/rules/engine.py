@@ -80,12 +80,34 @@ def _with_step_time(run: Run, out: pl.DataFrame) -> pl.DataFrame:
     return out.join(st, on=["rank", "step"], how="left")
 
 
-def _measure(run: Run, rule: Rule) -> pl.DataFrame:
-    out = _measure_raw(run, rule)
+def _measure(run: Run, rule: Rule, raw_gaps: bool = False) -> pl.DataFrame:
+    out = _measure_raw(run, rule, raw_gaps)
     return _with_step_time(run, out) if rule.select["measure"] != "rows" else out
 
 
-def _measure_raw(run: Run, rule: Rule) -> pl.DataFrame:
+# Columns the gaps measure adds row by row after the sweep (readable names, what the host was doing). When a
+# rule's condition reads none of them, they are added after the condition has kept the few gaps that matter:
+# the same rows get the same values, at a fraction of the cost (one as-of join per kept gap, not per gap).
+_GAP_LATE = ("prev_name", "next_name", "host_op")
+
+
+def _finish_gaps(run: Run, out: pl.DataFrame) -> pl.DataFrame:
+    cols = out.columns
+    out = host_context(run, measures.short_names(out, ["prev_name", "next_name"]))
+    if "step_ms" in cols:  # keep the column order of the finished-then-timed frame
+        out = out.select([c for c in out.columns if c != "step_ms"] + ["step_ms"])
+    return out
+
+
+def _condition_reads_late_gap_columns(rule: Rule, values: dict, columns: list[str]) -> bool:
+    try:
+        expr = compile_condition(rule.condition, values, [*columns, *_GAP_LATE, "host_op"])
+        return bool(set(expr.meta.root_names()) & set(_GAP_LATE))
+    except (ConditionError, pl.exceptions.PolarsError):
+        return True  # let the ordinary path report it
+
+
+def _measure_raw(run: Run, rule: Rule, raw_gaps: bool = False) -> pl.DataFrame:
     s = rule.select
     m = s["measure"]
     per = list(s.get("per") or ["rank"])
@@ -105,8 +127,8 @@ def _measure_raw(run: Run, rule: Rule) -> pl.DataFrame:
         other = select(run, ag["table"], ag.get("where"))
         return measures.coverage(df, other, per)
     if m == "gaps":
-        out = measures.gaps(df, per)
-        return host_context(run, out)
+        out = measures.gaps(df, per, shorten=False)
+        return out if raw_gaps else _finish_gaps(run, out)
     if m == "spread":
         return measures.spread(df, s["column"], s.get("agg", "median"), float(s.get("scale", 1.0)))
     if m == "distinct":
@@ -204,9 +226,15 @@ def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
         miss = " or ".join("+".join(m) for m in missing_sets)
         return RuleResult(rule, "skipped", f"needs {miss}: no source in this run provides it")
     try:
-        out = _measure(run, rule) if rule.select is not None else _sql(run, rule)
+        gaps_late = rule.select is not None and rule.select["measure"] == "gaps"
+        out = _measure(run, rule, raw_gaps=gaps_late) if rule.select is not None else _sql(run, rule)
+        if gaps_late and (not rule.condition or _condition_reads_late_gap_columns(rule, values, out.columns)):
+            out = _finish_gaps(run, out)
+            gaps_late = False
         if out.height and rule.condition:
             out = out.filter(compile_condition(rule.condition, values, out.columns).fill_null(False))
+        if gaps_late:
+            out = _finish_gaps(run, out)
         if out.height and rule.collapse:
             out = _collapse(out, rule.collapse, rule)
     except (ConditionError, RuleRunError, pl.exceptions.PolarsError) as e:
