@@ -167,9 +167,12 @@ def test_captured_run_dir_matches_its_manifest(manifest):
     assert m["clean"] == sc.clean
     assert (m["exit_codes"] != [0] * m["ranks"]) == sc.fails
     for rank in range(m["ranks"]):
-        trace = _load_trace(run / f"rank{rank}.pt.trace.json.gz")
-        assert any(e.get("name", "").startswith("ProfilerStep#") for e in trace["traceEvents"])
         assert (run / f"rank{rank}.stdout.log").exists()
+        trace_path = run / f"rank{rank}.pt.trace.json.gz"
+        if sc.fails and not trace_path.exists():
+            continue  # a run planted to fail at init (duplicate-gpu) never reaches the profiler
+        trace = _load_trace(trace_path)
+        assert any(e.get("name", "").startswith("ProfilerStep#") for e in trace["traceEvents"])
     if sc.compiled:
         assert list((run / "torch_trace").glob("dedicated_log_torch_trace_rank_*"))
     if "--nsys" in m["command"]:

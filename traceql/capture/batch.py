@@ -52,6 +52,10 @@ PLANS = {
         ("h200-pageable-copy", "pageable-copy", 1, False, "b"),
         ("h200-straggler", "straggler", 2, False, "b"),
     ],
+    # Fourth call: a real NCCL failure one GPU can show.
+    "h200-nccl": [
+        ("h200-duplicate-gpu", "duplicate-gpu", 2, False, "a"),
+    ],
     "cpu": [
         ("cpu-demo", "demo", 2, False, "a"),
         ("cpu-straggler", "straggler", 2, False, "a"),

@@ -140,6 +140,16 @@ _LIST = [
         notes="host-to-device copies exist only on a GPU run",
     ),
     Scenario(
+        "duplicate-gpu",
+        "Two NCCL ranks bound to the same GPU: NCCL refuses to build the communicator (Duplicate GPU detected).",
+        expected=(("TQL507", "all"),),
+        default_ranks=2,
+        min_ranks=2,
+        cuda_only=("TQL507",),
+        fails=True,
+        notes="needs a GPU: NCCL; on CPU there is nothing to duplicate",
+    ),
+    Scenario(
         "grad-accum-without-no_sync",
         "DDP with 4 micro-batches per optimizer step and no no_sync(): every micro-batch all-reduces.",
         expected=(("TQL103", "all"),),

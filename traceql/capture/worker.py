@@ -44,6 +44,7 @@ TRAITS = {
     "grad-accum-without-no_sync": {"ddp", "grad_accum"},
     "demo": {"allreduce_per_param", "straggler", "log_loss_item"},
     "launch-bound": {"tiny"},
+    "duplicate-gpu": {"ddp", "force_nccl"},
     "pageable-copy": {"pageable"},
 }
 
@@ -126,7 +127,7 @@ def main(argv=None) -> int:
         device = torch.device("cuda", rank % n_gpu)
         torch.cuda.set_device(device)
         # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): share a GPU through gloo instead.
-        pg_backend = "nccl" if world <= n_gpu else "gloo"
+        pg_backend = "nccl" if world <= n_gpu or "force_nccl" in traits else "gloo"
         # Big enough that the clean baselines keep the GPU busy (not launch-bound) even in fp32.
         width, depth, batch = 2048, 8, 2048
         if "tiny" in traits:

@@ -128,7 +128,10 @@ def nccl_duplicate_gpu(run: Run) -> pl.DataFrame:
     if "dup_ranks" in cc.columns:
         out.append(cc.filter(pl.col("dup_ranks").is_not_null())
                    .select(pl.col("dup_ranks").alias("rank"), "host", "bus_id", pl.lit("comm init lines").alias("origin")))
-    return pl.concat([o.cast(schema) for o in out]).unique(["rank", "host", "bus_id"], keep="first", maintain_order=True)
+    df = pl.concat([o.cast(schema) for o in out])
+    # the same report seen twice (the WARN line, and PyTorch's "Last error:" echo without a host) is one finding
+    df = df.with_columns(pl.col("host").is_null().alias("_nohost")).sort("_nohost", maintain_order=True)
+    return df.unique(["rank", "bus_id"], keep="first", maintain_order=True).drop("_nohost")
 
 
 def nccl_config_diff(run: Run) -> pl.DataFrame:
