@@ -1,21 +1,28 @@
 """Kineto / Chrome trace JSON (torch.profiler export_chrome_trace), plain or gzip.
 
-One pass parses the file (orjson), one pass buckets the events by what they are, then each canonical table is
-built column by column from its bucket. Only small tables (collectives, B/E pairs) take per-row Python work
-beyond that; the host-op nesting sweep is one tight loop per thread.
+Two parsers feed one column builder:
+- The fast path (msgspec) reads the file block by block (gzip inflated one block ahead in a thread) and cuts the
+  traceEvents array where Kineto's layout puts an event boundary ("  },\n  {"), decoding each chunk of a few MB on
+  its own into structs that hold only the fields the tables need. Each chunk becomes the rows of each table at once,
+  so memory holds one chunk's Python objects plus the finished columns, whatever the file's size.
+- The fallback (orjson over the whole document) takes any other layout, B/E events, values of unexpected types and
+  damage the fast path does not handle; it keeps every event in memory, so it is for small or odd files.
+Both hand plain lists of field values to the same code, so both give the same tables (tests/test_kineto.py checks
+this on every corpus trace). Only the host-op nesting sweep, flow pairing and collectives run over whole tables.
 
 Damaged input is read as far as it goes: a truncated file or gzip stream keeps every complete event
-(status "partial", detail naming the byte offset), raw control characters in strings are escaped before parsing.
+(status "partial", detail naming the byte offset), raw control characters in strings are escaped before parsing
+(only in a chunk that fails to decode), and args keys are looked up on every event, never inferred from the first.
 """
 
 from __future__ import annotations
 
 import bisect
 import gc
-from array import array
-from concurrent.futures import ThreadPoolExecutor
 import re
 import zlib
+from array import array
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
@@ -192,20 +199,7 @@ _RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime", "mtia_runtime", "hip_
 _SYNC_CATS = {"cuda_sync"}
 # Device-side or synthetic ranges that are neither kernels nor host ops.
 _SKIP_CATS = {"gpu_user_annotation", "cuda_profiler_range", "mtia_ccp_events", "critical_path"}
-_FLOW_PH = {"s", "f", "t"}
 
-
-def _bucket(cat) -> str:
-    c = cat.lower() if type(cat) is str else ""
-    if c in _KERNEL_CATS:
-        return "k"
-    if c in _RUNTIME_CATS:
-        return "r"
-    if c in _SYNC_CATS:
-        return "s"
-    if c in _SKIP_CATS:
-        return "skip"
-    return "h"
 
 _SYNC_KIND = [
     ("stream wait event", "stream_wait_event"),
@@ -451,7 +445,7 @@ _ARG_KEYS = {
     "out_nelems": "Out msg nelems", "dtype": "dtype", "seq_a": "Seq", "seq_b": "seq", "seq_c": "seq_num",
     "seq_d": "Seq num", "seq_e": "sequence_number",
 }
-_COLL_ATTRS = [a for a in _ARG_KEYS if list(_ARG_KEYS).index(a) >= list(_ARG_KEYS).index("coll_name")]
+_COLL_ATTRS = list(_ARG_KEYS)[list(_ARG_KEYS).index("coll_name") :]
 
 if msgspec is not None:
     from typing import Any, Union
@@ -1237,8 +1231,8 @@ def _header_meta(header: dict, source: Source, span: tuple) -> tuple[str | None,
 
 
 def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
-    # Parsing allocates millions of small containers that all live until the end: the cyclic GC would rescan them
-    # over and over (measured: about half of the parse time). Nothing here makes cycles.
+    # Parsing allocates millions of small objects (the fallback keeps them all until the end): the cyclic GC would
+    # rescan them over and over (measured: about half of the orjson parse time). Nothing here makes cycles.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
