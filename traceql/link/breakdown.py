@@ -16,7 +16,8 @@ _PER = ["rank", "step"]
 
 
 def step_breakdown(run: Run) -> pl.DataFrame:
-    k = run.table("kernels").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null())
+    # only the columns used below: filtering the wide kernel table copies every column
+    k = run.table("kernels").select("rank", "step", "kind", "ts", "end", "dur").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null())
     schema = {"rank": pl.Int32, "step": pl.Int64, "step_ms": pl.Float64, "gpu_span_ms": pl.Float64, "busy_ms": pl.Float64,
               "compute_ms": pl.Float64, "comm_ms": pl.Float64, "overlap_ms": pl.Float64, "exposed_comm_ms": pl.Float64,
               "comm_comp_overlap_pct": pl.Float64, "idle_ms": pl.Float64, "kernel_time_ms": pl.Float64, "kernels": pl.Int64}

@@ -18,8 +18,14 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
     for table, depth in (("runtime", 1000), ("host_ops", None)):
         if table not in tables:
             continue
-        t = run.table(table).filter(~pl.col("name").str.starts_with("ProfilerStep#") & (pl.col("tid").is_null() | (pl.col("tid") >= 0))).with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32))
+        t = run.table(table)
+        cols = [c for c in ("rank", "source", "tid", "ts", "end", "id", "name", "parent", "depth") if c in t.columns]
         points = points.with_columns(pl.col(c).cast(pl.Int32) for c in src)
+        # only the ranks (sources) the points are on, and only the columns read here
+        on = ["rank", *src]
+        t = t.select(cols).with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32))
+        t = t.join(points.select(on).unique(), on=on, how="semi", nulls_equal=True)
+        t = t.filter(~pl.col("name").str.starts_with("ProfilerStep#") & (pl.col("tid").is_null() | (pl.col("tid") >= 0)))
         if t.height == 0:
             continue
         if tids:
@@ -27,11 +33,16 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
         else:
             gt = points.select("_gid", "rank", *src, "_mid").join(t.select("rank", *src, "tid").unique(), on=["rank", *src]).sort("_mid")
         key = ["rank", *src]
-        j = gt.join_asof(t.select(*key, "tid", "ts", "id").sort("ts"), left_on="_mid", right_on="ts", by=[*key, "tid"], strategy="backward", check_sortedness=False)
+        right = t.select(*key, "tid", "ts", "id")
+        if tids:  # the points' own threads only
+            right = right.join(points.select(*key, pl.col("tid").cast(right.schema["tid"])).unique(), on=[*key, "tid"], how="semi", nulls_equal=True)
+        j = gt.join_asof(right.sort("ts"), left_on="_mid", right_on="ts", by=[*key, "tid"], strategy="backward", check_sortedness=False)
         j = j.filter(pl.col("id").is_not_null()).select("_gid", *key, "tid", "_mid", "id")
-        info = t.select(*key, "id", "ts", "end", "name", "parent" if "parent" in t.columns else pl.lit(None, pl.Int64).alias("parent"), "depth" if depth is None else pl.lit(depth, pl.Int32).alias("depth")).unique([*key, "id"])
+        info = t.select(*key, "id", "ts", "end", "name", "parent" if "parent" in t.columns else pl.lit(None, pl.Int64).alias("parent"), "depth" if depth is None else pl.lit(depth, pl.Int32).alias("depth"))
         for _ in range(32 if depth is None else 1):
-            j = j.join(info, on=[*key, "id"], how="inner")
+            # the rows of the ops looked up at this level only (a few), deduplicated as the whole table would be
+            level = info.join(j.select(*key, "id").unique(), on=[*key, "id"], how="semi").unique([*key, "id"])
+            j = j.join(level, on=[*key, "id"], how="inner")
             span = (pl.col("ts") <= pl.col("_mid")) & (pl.col("end") >= pl.col("_mid"))
             picks.append(j.filter(span).select("_gid", "name", pl.col("depth").cast(pl.Int32)))
             j = j.filter(~span & pl.col("parent").is_not_null()).select("_gid", *key, "tid", "_mid", pl.col("parent").alias("id"))

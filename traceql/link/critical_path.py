@@ -28,10 +28,9 @@ step: gaps in GPU activity where the next kernel had not been launched yet, the 
 
 from __future__ import annotations
 
-import bisect
-
 import polars as pl
 
+from traceql.link._keys import first_match
 from traceql.model import Run
 
 CP_SCHEMA = {"step": pl.Int64, "rank": pl.Int32, "ranks_on_path": pl.List(pl.Int32), "step_ms": pl.Float64,
@@ -48,15 +47,16 @@ def _note(run: Run, text: str) -> None:
 def _kernels_aligned(run: Run) -> pl.DataFrame:
     from traceql.link import clock, ensure
 
-    k = run.table("kernels").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("rank").is_not_null())
+    # the columns the walk reads: filtering and joining the wide kernel table would copy every column
+    k = run.table("kernels").select("rank", "source", "device", "name", "kind", "ts", "end", "correlation", "step")
+    k = k.filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("rank").is_not_null())
     if k.height == 0:
         return k
     k = k.with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32))
-    rt = run.table("runtime").filter(pl.col("correlation").is_not_null()).select(
+    rt = run.table("runtime").select("rank", "source", "correlation", "pid", "ts", "end").filter(pl.col("correlation").is_not_null()).select(
         pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "correlation", "pid",
         pl.col("ts").alias("launch_ts"), pl.col("end").alias("launch_end"))
-    r1 = rt.unique(["rank", "source", "correlation"], keep="first").drop("pid")
-    k = k.join(r1, on=["rank", "source", "correlation"], how="left", maintain_order="left")
+    k = first_match(k, rt.drop("pid"), ["rank", "source", "correlation"])
     if run.has("collectives"):
         offsets = ensure(run, "clock_offsets")
         k = clock.align(k, offsets, ["ts", "end", "launch_ts", "launch_end"])
@@ -76,7 +76,7 @@ def _collective_waits(run: Run, k: pl.DataFrame) -> dict[int, tuple[int, int]]:
         return {}
     ki = k.with_row_index("_row").select("_row", "rank", "source", "kind", pl.col("ts").alias("_ats"))
     # collective kernel start on the raw clock (collectives.kernel_ts) -> aligned kernel row
-    raw = run.table("kernels").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("rank").is_not_null()) \
+    raw = run.table("kernels").select("rank", "source", "kind", "ts", "end").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("rank").is_not_null()) \
         .with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32)).with_row_index("_row") \
         .filter(pl.col("kind") == "comm").select("_row", "rank", "source", pl.col("ts").alias("kernel_ts"))
     mk = m.select("rank", "source", "match_id", "kernel_ts").join(raw, on=["rank", "source", "kernel_ts"], how="inner") \
@@ -86,6 +86,33 @@ def _collective_waits(run: Run, k: pl.DataFrame) -> dict[int, tuple[int, int]]:
     j = mk.join(last, on="match_id", how="inner").join(ki.select("_row", "_ats"), on="_row", how="inner").filter(
         (pl.col("rank") != pl.col("last_arriver")) & (pl.col("_larr") > pl.col("_ats")))
     return {r: (a, lr) for r, a, lr in j.select("_row", "_larr", "_lrow").iter_rows()}
+
+
+def _prev_on_device(k: pl.DataFrame) -> list:
+    """For each kernel row: the row of the latest-ending activity on its device (rank, source, device) that ended
+    at or before the kernel started (ties in end: the later row), never the kernel itself; None where there is none.
+
+    One binary search per device of all its rows' starts into its rows sorted by end (the graph's stream and
+    cross-stream predecessor), instead of a Python sort and a bisect per visited kernel."""
+    n = k.height
+    out = pl.Series("_prev", [None] * n, dtype=pl.Int64) if n else pl.Series("_prev", [], dtype=pl.Int64)
+    keyed = k.select("rank", "source", pl.col("device").fill_null(-1), "ts", "end").with_row_index("_row")
+    parts = []
+    for _, g in keyed.partition_by(["rank", "source", "device"], as_dict=True, maintain_order=True).items():
+        by_end = g.select("_row", "end").sort(["end", "_row"])
+        j = by_end["end"].search_sorted(g["ts"], side="right").cast(pl.Int64) - 1
+        rows_by_end = by_end["_row"].cast(pl.Int64)
+        me = g["_row"].cast(pl.Int64)
+        # the kernel itself can only be the candidate when it has no duration: then take the one before it
+        j = j - (rows_by_end.gather(j.clip(lower_bound=0)) == me).cast(pl.Int64)
+        p_row = rows_by_end.gather(j.clip(lower_bound=0))
+        cand = pl.DataFrame({"_row": me, "_j": j, "_p": p_row}).with_columns(
+            pl.when(pl.col("_j") >= 0).then(pl.col("_p")).alias("_p"))
+        parts.append(cand.select("_row", "_p"))
+    if not parts:
+        return out.to_list()
+    allp = pl.concat(parts).sort("_row")
+    return allp["_p"].to_list()
 
 
 def critical_path(run: Run) -> pl.DataFrame:
@@ -102,34 +129,17 @@ def critical_path(run: Run) -> pl.DataFrame:
     step_start = {(r, s): t for r, s, t in steps.group_by("rank", "step").agg(pl.col("ts").min()).iter_rows()}
     waits = _collective_waits(run, k)
 
+    prev = _prev_on_device(k)
     rank = k["rank"].to_list()
-    dev = k["device"].fill_null(-1).to_list()
-    src = k["source"].to_list()
     ts = k["ts"].to_list()
     end = k["end"].to_list()
-    kind = k["kind"].to_list()
-    step = k["step"].to_list()
+    is_comm = (k["kind"] == "comm").fill_null(False).to_list()
     lend = k["launch_end"].to_list()
-    name = k["name"].to_list()
-    # per device (rank, source, device): rows sorted by end, to find the latest activity that ended before a start
-    by_dev: dict[tuple, tuple[list, list]] = {}
-    order = sorted(range(len(ts)), key=lambda i: (rank[i], src[i], dev[i], end[i]))
-    for i in order:
-        key = (rank[i], src[i], dev[i])
-        e = by_dev.setdefault(key, ([], []))
-        e[0].append(end[i])
-        e[1].append(i)
-
-    def prev_on_device(i: int, t: int) -> int | None:
-        ends, rows = by_dev[(rank[i], src[i], dev[i])]
-        j = bisect.bisect_right(ends, t) - 1
-        while j >= 0 and rows[j] == i:
-            j -= 1
-        return rows[j] if j >= 0 else None
+    name = k["name"]
 
     # the last kernel of each step over all ranks
     last = (
-        k.with_row_index("_row").filter(pl.col("step").is_not_null())
+        k.select("step", "end").with_row_index("_row").filter(pl.col("step").is_not_null())
         .sort("end", descending=True).unique("step", keep="first").select("step", "_row")
     )
     rows = []
@@ -157,13 +167,13 @@ def critical_path(run: Run) -> pl.DataFrame:
                 t = ts[cur]
             else:
                 dur = max(0, min(t, end[cur]) - ts[cur])
-                if kind[cur] == "comm":
+                if is_comm[cur]:
                     comm += dur
                 else:
                     comp += dur
             seg_start = ts[cur]
             w0 = step_start.get((rank[cur], s))
-            p = prev_on_device(cur, seg_start)
+            p = prev[cur]
             p_end = end[p] if p is not None else None
             if w0 is not None and (p_end is None or p_end <= w0):
                 # reached the start of the step on this rank
@@ -222,15 +232,18 @@ def launch_bound(run: Run) -> pl.DataFrame:
     schema = {"rank": pl.Int32, "step": pl.Int64, "step_ms": pl.Float64, "kernels": pl.Int64, "median_kernel_us": pl.Float64,
               "busy_ms": pl.Float64, "gap_ms": pl.Float64, "launch_gap_ms": pl.Float64, "launch_gap_pct": pl.Float64,
               "launch_gaps": pl.Int64, "busy_pct": pl.Float64}
-    k = run.table("kernels").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("step").is_not_null())
+    k = run.table("kernels").select("rank", "source", "device", "ts", "end", "dur", "step", "correlation")
+    k = k.filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("step").is_not_null())
     if k.height == 0:
         return pl.DataFrame(schema=schema)
-    rt = run.table("runtime").filter(pl.col("correlation").is_not_null()).select(
-        "rank", "source", "correlation", pl.col("ts").alias("_lts")).unique(["rank", "source", "correlation"], keep="first")
-    k = k.join(rt, on=["rank", "source", "correlation"], how="left")
-    by = ["rank", "source", pl.col("device").fill_null(-1)]
-    k = k.sort(["rank", "source", "device", "ts"]).with_columns(
-        pl.col("end").cum_max().shift(1).over(by).alias("_busy_until"))
+    rt = run.table("runtime").select("rank", "source", "correlation", "ts").filter(pl.col("correlation").is_not_null()).select(
+        "rank", "source", "correlation", pl.col("ts").alias("_lts"))
+    k = first_match(k, rt, ["rank", "source", "correlation"])
+    # rows of a device are contiguous once sorted: number them by run, so the window hashes one integer key
+    # (a stable sort of nearly sorted rows is also much faster than an unstable one)
+    k = k.sort(["rank", "source", "device", "ts"], maintain_order=True)
+    k = k.with_columns(pl.struct("rank", "source", pl.col("device").fill_null(-1)).rle_id().alias("_dev"))
+    k = k.with_columns(pl.col("end").cum_max().shift(1).over("_dev").alias("_busy_until"))
     k = k.with_columns((pl.col("ts") - pl.col("_busy_until")).clip(lower_bound=0).alias("_gap"))
     k = k.with_columns(((pl.col("_gap") > 0) & pl.col("_lts").is_not_null() & (pl.col("_lts") >= pl.col("_busy_until"))).fill_null(False).alias("_lb"))
     per = ["rank", "step"]

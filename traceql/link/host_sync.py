@@ -17,10 +17,18 @@ SYNC_COPY = r"^(cuda|hip)Memcpy(2D|3D)?$|^cuMemcpy(DtoH|HtoD|DtoD)(_v\d+)?$"
 
 def blocking_calls(run: Run) -> pl.DataFrame:
     rt = run.table("runtime")
+    # regexes over the distinct names only (a few dozen), not over millions of rows
+    names = rt.select(pl.col("name").unique().drop_nulls())
+    copies = names.filter(pl.col("name").str.contains(SYNC_COPY))["name"]
+    queries = names.filter(pl.col("name").str.contains("Query"))["name"]
     blocking = rt.filter(
-        ((pl.col("kind") == "sync") & ~pl.col("name").str.contains("Query")) | pl.col("name").str.contains(SYNC_COPY)
+        ((pl.col("kind") == "sync") & pl.col("name").is_not_null() & ~pl.col("name").is_in(queries)) | pl.col("name").is_in(copies)
     ).with_columns(pl.col("rank").cast(pl.Int32))
-    ops = run.table("host_ops").filter(pl.col("external_id").is_not_null() & ~pl.col("name").str.starts_with("ProfilerStep#"))
+    ops = run.table("host_ops").filter(pl.col("external_id").is_not_null())
+    # only ops that carry a blocking call's external id can name its cause
+    ops = ops.join(blocking.select(pl.col("rank").cast(ops.schema["rank"]), "source", "external_id").unique(),
+                   on=["rank", "source", "external_id"], how="semi")
+    ops = ops.filter(~pl.col("name").str.starts_with("ProfilerStep#"))
     # innermost op per external id (the deepest one carrying it)
     by_ext = (
         ops.sort("depth", descending=True)
@@ -47,7 +55,9 @@ def blocking_calls(run: Run) -> pl.DataFrame:
 
 def host_syncs(run: Run) -> pl.DataFrame:
     """Per rank, step, call and causing host op: how many blocking calls and how long the host was blocked."""
-    calls = blocking_calls(run).filter(pl.col("step").is_not_null())
+    from traceql.link import ensure
+
+    calls = ensure(run, "blocking_calls").filter(pl.col("step").is_not_null())
     calls = calls.with_columns(pl.col("host_op").str.replace(r": \d+/\d+$", "").alias("region"))
     return (
         calls.group_by(["rank", "step", "call", "host_op", "region"])

@@ -146,9 +146,11 @@ def _sql(run: Run, rule: Rule) -> pl.DataFrame:
     ranks = sorted({r for df in frames.values() if "rank" in df.columns for r in df["rank"].drop_nulls().unique().to_list()})
     outs = []
     for r in ranks:
-        part = {n: (df.filter(pl.col("rank") == r) if "rank" in df.columns else df) for n, df in frames.items()}
-        ctx = pl.SQLContext(frames=part, eager=True)
-        res = ctx.execute(query, eager=True)
+        # lazy partitions: the rank filter and the query's own filters and projections reach the scan together,
+        # instead of copying every column of every table once per rank
+        part = {n: (df.lazy().filter(pl.col("rank") == r) if "rank" in df.columns else df.lazy()) for n, df in frames.items()}
+        ctx = pl.SQLContext(frames=part)
+        res = ctx.execute(query, eager=False).collect()
         if res.height:
             if "rank" not in res.columns:
                 res = res.with_columns(pl.lit(r, pl.Int32).alias("rank"))

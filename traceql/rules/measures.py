@@ -30,13 +30,14 @@ def coverage(sel: pl.DataFrame, against: pl.DataFrame | None, per: list[str]) ->
     boundaries a set covers the span when its counter is positive. Cost: one sort of 2(n+m) boundaries.
     """
     per = _keys(per)
-    sel = _clean(sel, per)
+    # only the columns the sweep reads: filtering wide frames (kernel names) costs more than the sweep
+    sel = _clean(sel.select(*per, "ts", "end"), per)
     parts = [
         sel.select(*per, pl.col("ts").alias("t"), pl.lit(1).alias("da"), pl.lit(0).alias("db")),
         sel.select(*per, pl.col("end").alias("t"), pl.lit(-1).alias("da"), pl.lit(0).alias("db")),
     ]
     if against is not None:
-        against = _clean(against, per)
+        against = _clean(against.select(*per, "ts", "end"), per)
         # cast keys to the selection's dtypes so the two sides concatenate
         against = against.with_columns([pl.col(k).cast(sel.schema[k]) for k in per])
         parts += [
@@ -79,8 +80,8 @@ def union(sel: pl.DataFrame, per: list[str]) -> pl.DataFrame:
 def segments(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
     """Merge intervals into disjoint busy segments per group: seg_ts, seg_end, first_name, last_name, n."""
     per = _keys(per)
-    df = _clean(df, per).sort([*per, "ts"], maintain_order=True)
     has_name = "name" in df.columns
+    df = _clean(df.select(*per, "ts", "end", *(["name"] if has_name else [])), per).sort([*per, "ts"], maintain_order=True)
     # one integer per group (rows of a group are contiguous once sorted), so windows hash one key, not several
     df = df.with_columns(pl.struct(per).rle_id().alias("_g"))
     df = df.with_columns(pl.col("end").cum_max().shift(1).over("_g").alias("_prev_max"))
