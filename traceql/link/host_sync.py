@@ -19,8 +19,8 @@ def blocking_calls(run: Run) -> pl.DataFrame:
     rt = run.table("runtime")
     # regexes over the distinct names only (a few dozen), not over millions of rows
     names = rt.select(pl.col("name").unique().drop_nulls())
-    copies = names.filter(pl.col("name").str.contains(SYNC_COPY))["name"]
-    queries = names.filter(pl.col("name").str.contains("Query"))["name"]
+    copies = names.filter(pl.col("name").str.contains(SYNC_COPY))["name"].to_list()
+    queries = names.filter(pl.col("name").str.contains("Query"))["name"].to_list()
     blocking = rt.filter(
         ((pl.col("kind") == "sync") & pl.col("name").is_not_null() & ~pl.col("name").is_in(queries)) | pl.col("name").is_in(copies)
     ).with_columns(pl.col("rank").cast(pl.Int32))
