@@ -41,9 +41,20 @@ def packed_key(frames: list[pl.DataFrame], cols: list[str]) -> pl.Expr | None:
 
 
 def first_match(left: pl.DataFrame, right: pl.DataFrame, on: list[str]) -> pl.DataFrame:
-    """left with right's other columns from right's first row of each key (a left join, left's row order kept)."""
+    """left with right's other columns from right's first row of each key (a left join, left's row order kept).
+
+    With a packed key: a stable sort of right by the key puts each key's first row first, and one binary search
+    per left row finds it (cheaper than hashing millions of keys to deduplicate and again to join)."""
     key = packed_key([left, right], on)
-    if key is None:
+    other = [c for c in right.columns if c not in on]
+    if key is None or set(other) & set(left.columns):
         return left.join(right.unique(on, keep="first"), on=on, how="left", maintain_order="left")
-    r = right.with_columns(key).filter(pl.col("_key").is_first_distinct() & pl.col("_key").is_not_null()).drop(on)
-    return left.with_columns(key).join(r, on="_key", how="left", maintain_order="left").drop("_key")
+    r = right.with_columns(key).filter(pl.col("_key").is_not_null()).sort("_key", maintain_order=True)
+    if r.height == 0 or left.height == 0:
+        return left.with_columns(pl.lit(None, dtype=right.schema[c]).alias(c) for c in other)
+    probe = left.select(key)["_key"].fill_null(-1)  # keys are >= 0: -1 finds nothing
+    idx = r["_key"].search_sorted(probe, side="left").clip(upper_bound=r.height - 1)
+    hit = r["_key"].gather(idx) == probe
+    found = r.select(other)[idx].with_columns(hit.alias("_hit"))
+    found = found.select(pl.when(pl.col("_hit")).then(pl.col(c)).alias(c) for c in other)
+    return left.hstack(found.get_columns())

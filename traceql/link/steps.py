@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from traceql.link._keys import first_match
 from traceql.model import Run
 
 _BY = ["rank", "source"]
@@ -40,7 +41,9 @@ def _by_time(df: pl.DataFrame, steps: pl.DataFrame) -> pl.Series:
     if not parts:
         return pl.Series("step", [None] * n, dtype=pl.Int64)
     found = pl.concat(parts)
-    return keyed.select("_i").join(found, on="_i", how="left", maintain_order="left")["step"].cast(pl.Int64)
+    # _i is the row number: put each found step in its place (no join on millions of row numbers)
+    out = pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("step")
+    return out.scatter(found["_i"], found["step"].cast(pl.Int64)) if found.height else out
 
 
 def assign_steps(run: Run) -> None:
@@ -54,12 +57,12 @@ def assign_steps(run: Run) -> None:
     launch_step = (
         runtime.filter(pl.col("correlation").is_not_null() & pl.col("step").is_not_null())
         .select(*_BY, "correlation", pl.col("step").alias("_lstep"))
-        .unique(subset=[*_BY, "correlation"], keep="first")
     )
     for name in ("kernels", "syncs"):
         df = run.table(name)
         if df.height == 0:
             continue
-        by_launch = df.select(*_BY, "correlation").with_row_index("_i").join(launch_step, on=[*_BY, "correlation"], how="left").sort("_i")["_lstep"]
+        # the first launch of each (rank, source, correlation), joined on one packed integer key where possible
+        by_launch = first_match(df.select(*_BY, "correlation"), launch_step, [*_BY, "correlation"])["_lstep"]
         by_time = _by_time(df, steps)
         run.tables[name] = df.with_columns(by_launch.fill_null(by_time).alias("step"))

@@ -1,0 +1,81 @@
+"""The fast paths taken for scale give what the plain definitions give (benchmarks/rules.py times them)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import polars as pl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from traceql.link._keys import first_match, packed_key
+from traceql.link.critical_path import _prev_on_device
+from traceql.pipeline import load_run
+from traceql.rules.engine import evaluate
+from traceql.rules.loader import load_rules
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+_small = st.one_of(st.none(), st.integers(0, 3))
+_rows = st.lists(st.tuples(_small, _small, st.one_of(st.none(), st.integers(0, 6))), max_size=30)
+_rows_neg = st.lists(st.tuples(_small, _small, st.one_of(st.none(), st.integers(-2, 6))), max_size=30)
+
+
+def _plain(left: pl.DataFrame, right: pl.DataFrame, on: list[str]) -> pl.DataFrame:
+    return left.join(right.unique(on, keep="first", maintain_order=True), on=on, how="left", maintain_order="left")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(st.tuples(_rows, _rows), st.tuples(_rows_neg, _rows_neg)))
+def test_first_match_is_a_left_join_on_the_first_right_row(frames):
+    lrows, rrows = frames
+    schema = {"rank": pl.Int32, "source": pl.Int32, "correlation": pl.Int64}
+    left = pl.DataFrame(lrows, schema=schema, orient="row")
+    right = pl.DataFrame(rrows, schema=schema, orient="row").with_row_index("pos").with_columns(pl.col("pos").cast(pl.Int64))
+    got = first_match(left, right, ["rank", "source", "correlation"])
+    want = _plain(left, right, ["rank", "source", "correlation"])
+    assert got.equals(want), (got, want)
+
+
+def test_packed_key_refuses_what_would_collide():
+    wide = pl.DataFrame({"a": [1 << 40], "b": [1 << 30]})
+    assert packed_key([wide], ["a", "b"]) is None  # 41 + 31 bits do not fit
+    neg = pl.DataFrame({"a": [-1], "b": [2]})
+    assert packed_key([neg], ["a", "b"]) is None
+    ok = pl.DataFrame({"a": [0, 1, 1], "b": [3, 0, 3]})
+    keys = ok.select(packed_key([ok], ["a", "b"]))["_key"].to_list()
+    assert len(set(keys)) == 3
+
+
+_kernel = st.tuples(st.integers(0, 1), st.one_of(st.none(), st.integers(0, 1)), st.integers(0, 50), st.integers(0, 20))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_kernel, min_size=1, max_size=25))
+def test_prev_on_device_is_the_latest_ending_earlier_activity(rows):
+    k = pl.DataFrame([(r, 0, d, ts, ts + dur) for r, d, ts, dur in rows],
+                     schema={"rank": pl.Int32, "source": pl.Int32, "device": pl.Int32, "ts": pl.Int64, "end": pl.Int64}, orient="row")
+    got = _prev_on_device(k)
+    dev = [(-1 if d is None else d) for _, d, _, _ in rows]
+    for i, (r, _, ts, _) in enumerate(rows):
+        # rows of the device ordered by (end, row): the last one that ended at or before i started, other than i
+        cands = sorted((j for j, (r2, _, _, _) in enumerate(rows) if r2 == r and dev[j] == dev[i]),
+                       key=lambda j: (rows[j][2] + rows[j][3], j))
+        before = [j for j in cands if rows[j][2] + rows[j][3] <= ts]
+        if before and before[-1] == i:
+            before.pop()
+        assert got[i] == (before[-1] if before else None), (i, rows, got)
+
+
+def test_gap_names_and_host_context_after_the_condition_change_nothing():
+    """TQL202's condition reads only gap_ms, so its names and host ops are added after it; a condition that reads
+    host_op takes the other path. Both must give the same findings."""
+    run = load_run(FIXTURES / "h200-straggler", jobs=1)
+    rule = next(r for r in load_rules() if r.id == "TQL202")
+    late = evaluate(run, rule)
+    early = evaluate(run, replace(rule, condition=f"({rule.condition}) and (host_op is null or host_op is not null)"))
+    assert late.status == early.status == "ran"
+    assert late.findings, "the fixture is expected to have idle gaps"
+    assert [f.message for f in late.findings] == [f.message for f in early.findings]
+    assert [f.evidence for f in late.findings] == [f.evidence for f in early.findings]
