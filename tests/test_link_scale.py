@@ -79,3 +79,29 @@ def test_gap_names_and_host_context_after_the_condition_change_nothing():
     assert late.findings, "the fixture is expected to have idle gaps"
     assert [f.message for f in late.findings] == [f.message for f in early.findings]
     assert [f.evidence for f in late.findings] == [f.evidence for f in early.findings]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1), st.integers(0, 40), st.integers(0, 10)), min_size=1, max_size=25))
+def test_segments_merge_touching_intervals_and_name_their_ends(rows):
+    from traceql.rules.measures import segments
+
+    df = pl.DataFrame([(r, ts, ts + d, f"k{i}") for i, (r, ts, d) in enumerate(rows)],
+                      schema={"rank": pl.Int32, "ts": pl.Int64, "end": pl.Int64, "name": pl.Utf8}, orient="row")
+    got = segments(df, ["rank"]).rows()
+    want = []
+    for r in sorted({r for r, _, _ in rows}):
+        # rows of the rank by start (stable), merged while the next starts at or before the furthest end so far
+        mine = sorted(((ts, ts + d, f"k{i}") for i, (r2, ts, d) in enumerate(rows) if r2 == r), key=lambda x: x[0])
+        seg = None
+        for ts, end, name in mine:
+            if seg is not None and ts <= seg["end"]:
+                seg["n"] += 1
+                if end >= seg["end"]:
+                    seg["end"], seg["last"] = end, name
+            else:
+                if seg is not None:
+                    want.append((r, seg["ts"], seg["end"], seg["n"], seg["first"], seg["last"]))
+                seg = {"ts": ts, "end": end, "n": 1, "first": name, "last": name}
+        want.append((r, seg["ts"], seg["end"], seg["n"], seg["first"], seg["last"]))
+    assert got == want

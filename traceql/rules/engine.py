@@ -136,6 +136,20 @@ def _measure_raw(run: Run, rule: Rule, raw_gaps: bool = False) -> pl.DataFrame:
     raise RuleRunError(f"measure {m!r} unknown")
 
 
+def _rank_slices(df: pl.DataFrame) -> dict[int, tuple[int, int]] | None:
+    """rank -> (offset, length) when every rank's rows are one contiguous block, else None."""
+    runs = df.select(pl.col("rank").rle()).unnest("rank")
+    out: dict[int, tuple[int, int]] = {}
+    off = 0
+    for ln, v in runs.select("len", "value").iter_rows():
+        if v is not None:
+            if v in out:
+                return None
+            out[v] = (off, ln)
+        off += ln
+    return out
+
+
 def _sql(run: Run, rule: Rule) -> pl.DataFrame:
     query = rule.sql
     names = [n for n in set(run.tables) | set(link.derived_tables()) if n in query]
@@ -144,11 +158,20 @@ def _sql(run: Run, rule: Rule) -> pl.DataFrame:
         ctx = pl.SQLContext(frames=frames, eager=True)
         return ctx.execute(query, eager=True)
     ranks = sorted({r for df in frames.values() if "rank" in df.columns for r in df["rank"].drop_nulls().unique().to_list()})
+    slices = {n: _rank_slices(df) for n, df in frames.items() if "rank" in df.columns}
     outs = []
     for r in ranks:
-        # lazy partitions: the rank filter and the query's own filters and projections reach the scan together,
-        # instead of copying every column of every table once per rank
-        part = {n: (df.lazy().filter(pl.col("rank") == r) if "rank" in df.columns else df.lazy()) for n, df in frames.items()}
+        # lazy partitions: the query's own filters and projections reach the scan; where a table holds each rank
+        # in one block of rows (the usual case), the partition is that block (a zero-copy slice), else a filter
+        part = {}
+        for n, df in frames.items():
+            if "rank" not in df.columns:
+                part[n] = df.lazy()
+            elif slices[n] is not None:
+                off, ln = slices[n].get(r, (0, 0))
+                part[n] = df.slice(off, ln).lazy()
+            else:
+                part[n] = df.lazy().filter(pl.col("rank") == r)
         ctx = pl.SQLContext(frames=part)
         res = ctx.execute(query, eager=False).collect()
         if res.height:

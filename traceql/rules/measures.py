@@ -86,13 +86,26 @@ def segments(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
     df = df.with_columns(pl.struct(per).rle_id().alias("_g"))
     df = df.with_columns(pl.col("end").cum_max().shift(1).over("_g").alias("_prev_max"))
     df = df.with_columns((pl.col("_prev_max").is_null() | (pl.col("ts") > pl.col("_prev_max"))).alias("_new"))
-    # a new group always starts a segment, so a running count over the whole frame numbers the segments
-    df = df.with_columns(pl.col("_new").cum_sum().alias("_seg"))
-    aggs = [*[pl.col(k).first() for k in per], pl.col("ts").min().alias("seg_ts"), pl.col("end").max().alias("seg_end"),
-            pl.len().alias("n")]
+    # Segments are runs of contiguous rows, each starting at a _new row (a new group always starts one). Within a
+    # segment every row ends after all earlier segments of its group, so "end >= _prev_max" marks the rows that
+    # reach the running maximum of their segment; the last of them ends the segment (the latest row among equal
+    # ends, as a stable sort by end would pick). Forward fills of row numbers replace a group_by over
+    # millions of one-row segments.
+    df = df.with_row_index("_i").with_columns(
+        pl.when(pl.col("_new")).then(pl.col("_i")).forward_fill().alias("_fi"),
+        pl.when(pl.col("_prev_max").is_null() | (pl.col("end") >= pl.col("_prev_max"))).then(pl.col("_i")).forward_fill().alias("_li"),
+    )
+    last = df.filter(pl.col("_new").shift(-1).fill_null(True))
+    fi, li = last["_fi"], last["_li"]
+    out = last.select(
+        *per,
+        df["ts"].gather(fi).alias("seg_ts"),
+        df["end"].gather(li).alias("seg_end"),
+        (pl.col("_i") - pl.col("_fi") + 1).cast(pl.UInt32).alias("n"),
+    )
     if has_name:
-        aggs += [pl.col("name").first().alias("first_name"), pl.col("name").sort_by("end", maintain_order=True).last().alias("last_name")]
-    return df.group_by("_seg").agg(aggs).drop("_seg").sort([*per, "seg_ts"], maintain_order=True)
+        out = out.with_columns(df["name"].gather(fi).alias("first_name"), df["name"].gather(li).alias("last_name"))
+    return out  # already in (group, seg_ts) order
 
 
 def short_names(df: pl.DataFrame, cols: list[str]) -> pl.DataFrame:
