@@ -541,3 +541,28 @@ def test_warm_ingest_from_cache_matches_cold_in_source_order(tmp_path, corpus):
         assert_frame_equal(two.drop("source"), cold.tables[name].drop("source"))
     assert warm.tables["kernels"].filter(pl.col("source") == warm.sources[2].id).height == \
         cold.tables["kernels"].filter(pl.col("source") == cold.sources[0].id).height
+
+
+def test_odd_values_in_kineto_layout_go_through_either_parser(tmp_path, corpus, monkeypatch):
+    # hand-made from a real trace: a list where a timestamp belongs, a string pid, an object as a name, args that are
+    # not an object (msgspec refuses that one: the whole document goes to the fallback, which must cope too).
+    doc = json.loads(_plain(_hta(*SMALL)))
+    ops = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]
+    ops[0]["ts"] = [1, 2]
+    ops[1]["pid"] = "stream 7"
+    ops[2]["name"] = {"not": "a name"}
+    p = tmp_path / "odd.json"
+    p.write_bytes(_as_kineto_layout(doc))
+    src, fast = _read(p)
+    assert src.meta["parser"] == "chunks"
+    h = fast["host_ops"]
+    assert h.filter(pl.col("id").is_null()).height == 0
+    assert h["ts"].null_count() == 1
+    assert src.meta["string_ids"]["stream 7"] in h["pid"].to_list()
+    _, slow = _read_whole(p, monkeypatch)
+    _same_tables(fast, slow)
+    ops[3]["args"] = ["not", "an", "object"]
+    p.write_bytes(_as_kineto_layout(doc))
+    src, t = _read(p)
+    assert src.meta["parser"] == "whole" and src.status == "ok"
+    assert t["host_ops"].height == h.height

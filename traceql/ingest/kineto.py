@@ -322,6 +322,8 @@ def _ns(values: list) -> pl.Series:
     if _all_none(values):
         return _nulls(len(values), pl.Int64)
     s = pl.Series(values, strict=False)
+    if s.dtype == pl.Object or s.dtype.is_nested():  # lists or objects among the numbers: those are not times
+        s = pl.Series([v if type(v) in (int, float) else None for v in values], strict=False)
     if s.dtype == pl.String:
         s = s.cast(pl.Float64, strict=False)
     if s.dtype == pl.Null or s.dtype == pl.Boolean:
