@@ -58,3 +58,14 @@ def first_match(left: pl.DataFrame, right: pl.DataFrame, on: list[str]) -> pl.Da
     found = r.select(other)[idx].with_columns(hit.alias("_hit"))
     found = found.select(pl.when(pl.col("_hit")).then(pl.col(c)).alias(c) for c in other)
     return left.hstack(found.get_columns())
+
+
+def join(left: pl.DataFrame, right: pl.DataFrame, on: list[str], how: str = "inner", **kw) -> pl.DataFrame:
+    """left.join(right, on=on, how=how), on one packed integer key where the values allow it (same rows; the
+    key columns come from left, as in a plain join)."""
+    key = packed_key([left, right], on)
+    if key is None:
+        return left.join(right, on=on, how=how, **kw)
+    r = right.with_columns(key)
+    r = r.select("_key") if how in ("semi", "anti") else r.drop(on)
+    return left.with_columns(key).join(r, on="_key", how=how, **kw).drop("_key")

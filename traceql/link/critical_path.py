@@ -111,8 +111,8 @@ def _prev_on_device(k: pl.DataFrame) -> list:
         parts.append(cand.select("_row", "_p"))
     if not parts:
         return out.to_list()
-    allp = pl.concat(parts).sort("_row")
-    return allp["_p"].to_list()
+    allp = pl.concat(parts)
+    return out.scatter(allp["_row"], allp["_p"]).to_list()
 
 
 def critical_path(run: Run) -> pl.DataFrame:
@@ -137,10 +137,10 @@ def critical_path(run: Run) -> pl.DataFrame:
     lend = k["launch_end"].to_list()
     name = k["name"]
 
-    # the last kernel of each step over all ranks
+    # the last kernel of each step over all ranks (the first such row where several end together)
     last = (
         k.select("step", "end").with_row_index("_row").filter(pl.col("step").is_not_null())
-        .sort("end", descending=True).unique("step", keep="first").select("step", "_row")
+        .group_by("step").agg(pl.col("_row").get(pl.col("end").arg_max()))
     )
     rows = []
     for s, i in last.sort("step").iter_rows():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from traceql.link import _keys as keys
 from traceql.model import Run
 
 CHUNKS = 30  # nsys analyze gpu_time_util default (chunks=30)
@@ -29,12 +30,12 @@ def gpu_time_util(run: Run) -> pl.DataFrame:
     best = (k.group_by("rank", "source").agg(pl.col("dur").sum().alias("_busy"), pl.len().alias("_n"))
             .sort(["rank", "_busy", "_n", "source"], descending=[False, True, True, False])
             .unique("rank", keep="first").select("rank", "source"))
-    k = k.join(best, on=["rank", "source"], how="inner")
+    k = keys.join(k, best, ["rank", "source"], how="semi")
     key = ["rank", "device"]
     span = k.group_by(key).agg(pl.col("ts").min().alias("t0"), pl.col("end").max().alias("t1"))
     # Chunk length rounded up to whole ns, as nsys does; the last chunk may then end past t1 and is cut there.
     span = span.with_columns(((pl.col("t1") - pl.col("t0") + CHUNKS - 1) // CHUNKS).clip(lower_bound=1).alias("size"))
-    ops = k.select(*key, "ts", "end").join(span, on=key)
+    ops = keys.join(k.select(*key, "ts", "end"), span, key)
     ops = ops.with_columns(
         ((pl.col("ts") - pl.col("t0")) // pl.col("size")).alias("c0"),
         ((pl.col("end") - 1 - pl.col("t0")).clip(lower_bound=0) // pl.col("size")).alias("c1"),
