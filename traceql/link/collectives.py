@@ -310,6 +310,20 @@ def _majority(values: dict[int, object], tiebreak: Counter) -> object:
     return values[min(values)]
 
 
+def _single_group(run: Run) -> bool:
+    """Every trace that describes its process groups describes exactly one (distributedInfo pg_count / pg_config)."""
+    said = []
+    for src in run.sources:
+        if src.status not in ("ok", "partial"):
+            continue
+        cfg, count = src.meta.get("pg_config"), src.meta.get("pg_count")
+        if isinstance(cfg, list):
+            said.append(len(cfg))
+        elif isinstance(count, int):
+            said.append(count)
+    return bool(said) and all(n == 1 for n in said)
+
+
 def collective_desync(run: Run) -> pl.DataFrame:
     """Per group, the first matched call where ranks disagree on op, size (bytes, else element count, with dtype)
     or count (how many calls each rank made, over the steps all of them recorded)."""
@@ -317,8 +331,9 @@ def collective_desync(run: Run) -> pl.DataFrame:
 
     schema = {"pg": pl.Utf8, "group": pl.Utf8, "kind": pl.Utf8, "seq": pl.Int64, "step": pl.Int64,
               "majority": pl.Utf8, "odd_value": pl.Utf8, "odd_ranks": pl.List(pl.Int32), "majority_ranks": pl.List(pl.Int32),
-              "n_ranks": pl.Int32, "rank": pl.Int32}
+              "n_ranks": pl.Int32, "rank": pl.Int32, "identity": pl.Utf8, "by_step": pl.Boolean}
     m = ensure(run, "collective_matches")
+    single_group = _single_group(run)
     rows = []
     if m.height == 0:
         return pl.DataFrame(schema=schema)
@@ -370,9 +385,14 @@ def collective_desync(run: Run) -> pl.DataFrame:
                          sorted(r for r, v in cnt.items() if v == maj), len(ranks))
         if first:
             kind, seq, mstep, maj, oddv, odd, majr, n = first
+            # How sure the grouping is: calls that name their group, a run whose traces say it has one group, or
+            # a guess (older traces of multi-group jobs put every call in "default": sequences then interleave
+            # groups differently per rank, and a "divergence" is an artefact of the guess).
+            identity = "trace" if group != "default" else ("single group" if single_group else "assumed")
+            by_step = bool(gdf["match_step"].drop_nulls().filter(gdf["match_step"].drop_nulls() != -1).len())
             rows.append({"pg": pg, "group": group, "kind": kind, "seq": seq, "step": None if mstep in (None, -1) else mstep,
                          "majority": maj, "odd_value": oddv, "odd_ranks": odd, "majority_ranks": majr, "n_ranks": n,
-                         "rank": odd[0] if len(odd) == 1 else None})
+                         "rank": odd[0] if len(odd) == 1 else None, "identity": identity, "by_step": by_step})
     if not rows:
         return pl.DataFrame(schema=schema)
     return pl.DataFrame(rows, schema=schema)
