@@ -452,13 +452,19 @@ def test_fast_and_fallback_parsers_give_identical_tables(rel, corpus, monkeypatc
     assert (src.status, src.detail, src.rank, _meta(src)) == (slow_src.status, slow_src.detail, slow_src.rank, _meta(slow_src))
 
 
-def test_tiny_chunks_give_the_same_tables(tmp_path, corpus, monkeypatch):
-    """Cut the array into ~40 chunks: every chunk boundary, string-id and collective-args hand-over is crossed."""
-    rel = "tests/data/nccl_parser_config/nccl_data.json.gz"
+@pytest.mark.parametrize("rel, block", [
+    ("tests/data/nccl_parser_config/nccl_data.json.gz", 256 << 10),  # Kineto's layout, ~40 chunks
+    ("tests/data/timeline_analysis/sampled_rank-0.json.gz", 16 << 10),  # one line ("}, {"), ~100 chunks
+    ("tests/data/call_stack/backward_thread.json", 512),  # json.dump(indent=4), a few events per chunk
+])
+def test_tiny_chunks_give_the_same_tables(rel, block, tmp_path, corpus, monkeypatch):
+    """Every chunk boundary, string-id and collective-args hand-over is crossed, in each layout."""
+    data = _plain(_hta(*rel.split("/")))
     _, whole = _read_corpus(rel)
-    monkeypatch.setattr(kineto, "_BLOCK", 256 << 10)
+    monkeypatch.setattr(kineto, "_BLOCK", block)
     src, tiny = _read(_hta(*rel.split("/")))
     assert src.meta["parser"] == "chunks"
+    assert len(data) / block > 3  # really several chunks
     _same_tables(whole, tiny)
 
 

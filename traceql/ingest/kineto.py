@@ -821,9 +821,22 @@ def _pair_be(evs: list) -> list:
 # layouts, B/E events, values of unexpected types, a damaged header) goes to the whole-document parser below.
 
 _BLOCK = 8 << 20  # bytes of JSON per chunk (about 30k events)
-_EV_SEP = b"\n  },\n  {"
-_ARR_END = re.compile(rb"\n  \}\s*\]")  # the last event, then the array's end
-_ARR_HEAD = re.compile(rb'"traceEvents"\s*:\s*\[\n  \{\n')
+_ARR_HEAD = re.compile(rb'"traceEvents"\s*:\s*\[(\s*)\{')
+
+
+def _layout(ws: bytes, sample: bytes) -> tuple[bytes, re.Pattern] | None:
+    """The separator between two top-level events and the pattern of the array's end, from the whitespace between
+    "[" and the first event and a sample of the array. Indented layouts (Kineto's "  },\n  {", json.dump(indent=N))
+    close each event at the array's own indentation, which nothing nested inside an event shares; one-line layouts
+    separate events with "}, {" or "},{", which a list of objects inside args could also hold: a cut there leaves
+    both halves unbalanced, they fail to decode and the whole-document parser takes the file."""
+    if b"\n" in ws:
+        indent = ws[ws.rindex(b"\n") :]  # "\n" + spaces
+        return indent + b"}," + ws + b"{", re.compile(re.escape(indent) + rb"\}\s*\]")
+    for sep in (b"}, {", b"},{"):
+        if sep in sample:
+            return sep, re.compile(rb"\}\s*\]")
+    return None
 
 
 def _gunzipped(f, notes: list, size: int):
@@ -927,33 +940,39 @@ def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
         if m or len(buf) > 4 * _BLOCK:
             break
     if m is None:
-        raise _Fallback("not Kineto's layout")
-    start = m.end() - 5  # the newline before the first event's "{"
-    prefix = bytes(buf[:start])  # the header up to and including "["
-    del buf[:start]  # buf now starts at that newline (bytearray drops its front without copying)
+        raise _Fallback("no traceEvents array near the start")
+    layout = _layout(m.group(1), bytes(buf[m.end() : m.end() + (1 << 20)]))
+    if layout is None:
+        raise _Fallback("one event, or an unknown layout")
+    sep, arr_end = layout
+    comma = sep.index(b",")
+    start = m.start(1) - 1  # the "[" of the array
+    prefix = bytes(buf[: start + 1])  # the header up to and including "["
+    del buf[:start]  # buf now starts at "[" (a bytearray drops its front without copying)
     offset = start  # decompressed byte offset of buf[0]
     acc = _Acc()
     n = 0
     while True:
-        cut = buf.rfind(_EV_SEP)
-        if cut >= 0:
-            # Make buf[:cut + 5] a JSON list in place: "[" over the leading newline, "]" over the comma.
+        cut = buf.rfind(sep)
+        if cut > 0:
+            # buf[:cut + comma + 1] becomes a JSON list in place: "]" over the comma after the last event; then the
+            # comma's place, now at the front, becomes the next chunk's "[".
+            end = cut + comma
+            buf[end] = 0x5D
+            n += _decode_chunk(buf, end + 1, acc, n)
+            offset += end
+            del buf[:end]
             buf[0] = 0x5B
-            buf[cut + 4] = 0x5D
-            n += _decode_chunk(buf, cut + 5, acc, n)
-            offset += cut + 5
-            del buf[: cut + 5]
         block = next(blocks, None)
         if block is None:
             break
         buf += block
     carry = buf
-    m = _ARR_END.search(carry)
+    m = arr_end.search(carry)
     if m:
         suffix = bytes(carry[m.end() :])
-        carry[0] = 0x5B
-        carry[m.start() + 4] = 0x5D
-        n += _decode_chunk(carry, m.start() + 5, acc, n)
+        close = m.end() - 1  # the array's "]"
+        n += _decode_chunk(carry, close + 1, acc, n)
         try:
             header = orjson.loads(prefix + b"]" + suffix)
         except orjson.JSONDecodeError:
@@ -967,7 +986,7 @@ def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
             raise _Fallback("header does not parse") from None
         where = "decompressed byte" if notes else "byte"
         notes.append(f"truncated trace: the event array breaks off at {where} {offset + len(carry)}; "
-                     f"kept the complete events up to {where} {offset - 1}")
+                     f"kept the complete events up to {where} {offset}")
     if not isinstance(header, dict):
         raise _Fallback("header is not an object")
     header.pop("traceEvents", None)
