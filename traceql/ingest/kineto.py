@@ -2,10 +2,10 @@
 
 Two parsers feed one column builder:
 - The fast path (msgspec) reads the file block by block (gzip inflated one block ahead in a thread) and cuts the
-  traceEvents array where Kineto's layout puts an event boundary ("  },\n  {"), decoding each chunk of a few MB on
-  its own into structs that hold only the fields the tables need. Each chunk becomes the rows of each table at once,
+  traceEvents array at event boundaries (Kineto's "  },\n  {", other indentations, one-line "}, {"), decoding each
+  chunk of a few MB on its own into structs that hold only the fields the tables need. Each chunk becomes the rows of each table at once,
   so memory holds one chunk's Python objects plus the finished columns, whatever the file's size.
-- The fallback (orjson over the whole document) takes any other layout, B/E events, values of unexpected types and
+- The fallback (orjson over the whole document) takes B/E events, values of unexpected types, unknown layouts and
   damage the fast path does not handle; it keeps every event in memory, so it is for small or odd files.
 Both hand plain lists of field values to the same code, so both give the same tables (tests/test_kineto.py checks
 this on every corpus trace). Only the host-op nesting sweep, flow pairing and collectives run over whole tables.
@@ -811,14 +811,15 @@ def _pair_be(evs: list) -> list:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The fast path: the event array in chunks, cut where Kineto's layout puts an event boundary
+# The fast path: the event array in chunks, cut at event boundaries
 #
 # Kineto writes one event per group of lines at two spaces of indentation: "  {\n ... \n  },\n  {\n". A line
 # "  }," followed by "  {" can only be the end of one top-level event and the start of the next (strings cannot hold
 # raw newlines, nested values are indented deeper), so the array is cut there into chunks of a few MB, each decoded
-# on its own as a JSON list (msgspec, into structs that keep only the fields the tables need). Memory holds one
-# chunk's objects at a time plus the columns built so far; gzip is decompressed block by block. Anything else (other
-# layouts, B/E events, values of unexpected types, a damaged header) goes to the whole-document parser below.
+# on its own as a JSON list (msgspec, into structs that keep only the fields the tables need). Other indentations work
+# the same way; one-line files are cut at "}, {" (see _layout). Memory holds one chunk's objects at a time plus the
+# columns built so far; gzip is decompressed block by block. Anything the chunks cannot take (B/E events, values of
+# unexpected types, a damaged header, a wrong cut) goes to the whole-document parser below.
 
 _BLOCK = 8 << 20  # bytes of JSON per chunk (about 30k events)
 _ARR_HEAD = re.compile(rb'"traceEvents"\s*:\s*\[(\s*)\{')
