@@ -3,8 +3,8 @@
 Two parsers feed one column builder:
 - The fast path (msgspec) reads the file block by block (gzip inflated one block ahead in a thread) and cuts the
   traceEvents array at event boundaries (Kineto's "  },\n  {", other indentations, one-line "}, {"), decoding each
-  chunk of a few MB on its own into structs that hold only the fields the tables need. Each chunk becomes the rows of each table at once,
-  so memory holds one chunk's Python objects plus the finished columns, whatever the file's size.
+  chunk of a few MB on its own into structs that hold only the fields the tables need. Each chunk becomes the rows
+  of each table at once, so memory holds one chunk's Python objects plus the finished columns, whatever the size.
 - The fallback (orjson over the whole document) takes B/E events, values of unexpected types, unknown layouts and
   damage the fast path does not handle; it keeps every event in memory, so it is for small or odd files.
 Both hand plain lists of field values to the same code, so both give the same tables (tests/test_kineto.py checks
