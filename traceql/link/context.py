@@ -44,14 +44,17 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
             level = info.join(j.select(*key, "id").unique(), on=[*key, "id"], how="semi").unique([*key, "id"])
             j = j.join(level, on=[*key, "id"], how="inner")
             span = (pl.col("ts") <= pl.col("_mid")) & (pl.col("end") >= pl.col("_mid"))
-            picks.append(j.filter(span).select("_gid", "name", pl.col("depth").cast(pl.Int32)))
+            picks.append(j.filter(span).select("_gid", "name", pl.col("depth").cast(pl.Int32), "ts", pl.col("tid").cast(pl.Int64)))
             j = j.filter(~span & pl.col("parent").is_not_null()).select("_gid", *key, "tid", "_mid", pl.col("parent").alias("id"))
             if j.height == 0:
                 break
     if not picks:
         return pl.DataFrame(schema={"_gid": pl.UInt32, "host_op": pl.Utf8})
     allp = pl.concat(picks)
-    return allp.sort(["_gid", "depth"], descending=[False, True]).group_by("_gid").first().select("_gid", pl.col("name").alias("host_op"))
+    # deepest wins; ops of equal depth spanning the moment (on two threads) by the latest start, then thread and
+    # name, so the choice does not depend on the order joins return rows in
+    allp = allp.sort(["_gid", "depth", "ts", "tid", "name"], descending=[False, True, True, False, False], nulls_last=True)
+    return allp.group_by("_gid", maintain_order=True).first().select("_gid", pl.col("name").alias("host_op"))
 
 
 def host_context(run: Run, gaps: pl.DataFrame) -> pl.DataFrame:

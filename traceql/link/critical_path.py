@@ -88,14 +88,28 @@ def _collective_waits(run: Run, k: pl.DataFrame) -> dict[int, tuple[int, int]]:
     return {r: (a, lr) for r, a, lr in j.select("_row", "_larr", "_lrow").iter_rows()}
 
 
-def _prev_on_device(k: pl.DataFrame) -> list:
+_NO_TIME = -(1 << 63)
+
+
+def _int_view(s: pl.Series) -> memoryview:
+    """A Series of integers or booleans without nulls as a memoryview of Python ints (zero-copy for int64)."""
+    if s.null_count():
+        raise ValueError(f"column {s.name!r} has nulls: fill them before viewing it")
+    arr = s.cast(pl.Int64).rechunk().to_arrow()
+    if arr.null_count:  # pragma: no cover - checked above
+        raise ValueError(s.name)
+    buf = arr.buffers()[1]
+    return memoryview(buf).cast("q")[arr.offset: arr.offset + len(arr)]
+
+
+def _prev_on_device(k: pl.DataFrame) -> pl.Series:
     """For each kernel row: the row of the latest-ending activity on its device (rank, source, device) that ended
     at or before the kernel started (ties in end: the later row), never the kernel itself; None where there is none.
 
     One binary search per device of all its rows' starts into its rows sorted by end (the graph's stream and
     cross-stream predecessor), instead of a Python sort and a bisect per visited kernel."""
     n = k.height
-    out = pl.Series("_prev", [None] * n, dtype=pl.Int64) if n else pl.Series("_prev", [], dtype=pl.Int64)
+    out = pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("_prev")
     keyed = k.select("rank", "source", pl.col("device").fill_null(-1), "ts", "end").with_row_index("_row")
     parts = []
     for _, g in keyed.partition_by(["rank", "source", "device"], as_dict=True, maintain_order=True).items():
@@ -110,9 +124,9 @@ def _prev_on_device(k: pl.DataFrame) -> list:
             pl.when(pl.col("_j") >= 0).then(pl.col("_p")).alias("_p"))
         parts.append(cand.select("_row", "_p"))
     if not parts:
-        return out.to_list()
+        return out
     allp = pl.concat(parts)
-    return out.scatter(allp["_row"], allp["_p"]).to_list()
+    return out.scatter(allp["_row"], allp["_p"])
 
 
 def critical_path(run: Run) -> pl.DataFrame:
@@ -129,12 +143,15 @@ def critical_path(run: Run) -> pl.DataFrame:
     step_start = {(r, s): t for r, s, t in steps.group_by("rank", "step").agg(pl.col("ts").min()).iter_rows()}
     waits = _collective_waits(run, k)
 
-    prev = _prev_on_device(k)
-    rank = k["rank"].to_list()
-    ts = k["ts"].to_list()
-    end = k["end"].to_list()
-    is_comm = (k["kind"] == "comm").fill_null(False).to_list()
-    lend = k["launch_end"].to_list()
+    # The walk reads a few rows of millions at random: index the columns' own memory (no Python list per column).
+    # Missing values become sentinels the comparisons below treat as missing: no predecessor is -1, no launch
+    # end is the smallest int64 (never later than anything).
+    prev = _int_view(_prev_on_device(k).fill_null(-1))
+    rank = _int_view(k["rank"])
+    ts = _int_view(k["ts"])
+    end = _int_view(k["end"])
+    is_comm = _int_view((k["kind"] == "comm").fill_null(False))
+    lend = _int_view(k["launch_end"].fill_null(_NO_TIME))
     name = k["name"]
 
     # the last kernel of each step over all ranks (the first such row where several end together)
@@ -174,11 +191,13 @@ def critical_path(run: Run) -> pl.DataFrame:
             seg_start = ts[cur]
             w0 = step_start.get((rank[cur], s))
             p = prev[cur]
+            if p < 0:
+                p = None
             p_end = end[p] if p is not None else None
             if w0 is not None and (p_end is None or p_end <= w0):
                 # reached the start of the step on this rank
                 gap = max(0, seg_start - w0)
-                if lend[cur] is not None and lend[cur] > w0:
+                if lend[cur] > w0:
                     launch += gap
                 else:
                     idle += gap
@@ -188,7 +207,7 @@ def critical_path(run: Run) -> pl.DataFrame:
                 t = seg_start
                 break
             gap = max(0, seg_start - p_end)
-            if lend[cur] is not None and lend[cur] > p_end:
+            if lend[cur] > p_end:
                 launch += gap
             else:
                 idle += gap
