@@ -134,3 +134,11 @@ def test_rules_explain_and_list():
     assert CliRunner().invoke(main, ["rules", "explain", "TQL000"]).exit_code == 2
     lst = CliRunner().invoke(main, ["rules", "list"]).output
     assert "TQL101" in lst and "exposed-communication" in lst
+
+
+def test_a_trace_cut_before_its_first_event_is_an_error_not_a_partial(tmp_path):
+    (tmp_path / "rank-0.json").write_text('{"schemaVersion": 1, "traceEvents": [\n  {"ph": "X", "cat": "ker')
+    r = run_cli("check", tmp_path, "--format", "json")
+    assert r.exit_code == 2  # nothing could be analysed
+    src = json.loads(r.stdout)["sources"][0]
+    assert src["status"] == "error" and "before its first complete event" in src["detail"]

@@ -1298,6 +1298,12 @@ def _read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
         note = "MTIA trace: runtime calls imported; device events (mtia_ccp_events) are not imported as kernels"
         source.detail = f"{source.detail}; {note}" if source.detail else note
     if kernels is None and host is None and runtime is None:
+        if source.status == "partial" and acc.n_events == 0:
+            # cut off before its first complete event: nothing was salvaged, so nothing can be analysed
+            raise IngestError(
+                f"{path.name}: truncated before its first complete event ({path.stat().st_size} bytes); re-export "
+                "the trace, or copy it again if the transfer was cut short"
+            )
         note = "no host ops, runtime calls or kernels in the trace"
         source.detail = f"{source.detail}; {note}" if source.detail else note
 
