@@ -67,5 +67,7 @@ def join(left: pl.DataFrame, right: pl.DataFrame, on: list[str], how: str = "inn
     if key is None:
         return left.join(right, on=on, how=how, **kw)
     r = right.with_columns(key)
-    r = r.select("_key") if how in ("semi", "anti") else r.drop(on)
-    return left.with_columns(key).join(r, on="_key", how=how, **kw).drop("_key")
+    if how in ("semi", "anti"):  # a filter: no join machinery, left's order kept
+        inside = key.is_in(r["_key"].drop_nulls().implode())
+        return left.filter(inside if how == "semi" else ~inside.fill_null(False))
+    return left.with_columns(key).join(r.drop(on), on="_key", how=how, **kw).drop("_key")

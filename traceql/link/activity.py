@@ -17,7 +17,8 @@ SCHEMA = {"rank": pl.Int32, "source": pl.Int32, "step": pl.Int64, "ts": pl.Int64
 
 
 def activity(run: Run) -> pl.DataFrame:
-    k = run.table("kernels").filter(pl.col("kind").is_in(["compute", "comm"]))
+    # only the columns used: filtering the wide kernel table would copy every column
+    k = run.table("kernels").select("rank", "source", "step", "ts", "end", "name", "kind").filter(pl.col("kind").is_in(["compute", "comm"]))
     comm_ranks = k.filter(pl.col("kind") == "comm")["rank"].drop_nulls().unique().to_list()
     gpu_ranks = k["rank"].drop_nulls().unique().to_list()
     cols = ("rank", "source", "step", "ts", "end")
@@ -34,7 +35,7 @@ def activity(run: Run) -> pl.DataFrame:
             pl.col("rank").is_in([r for r in host_ranks if r not in gpu_ranks]) & (pl.col("cat") == "cpu_op") & ~pl.col("name").str.contains(_COMM_OP)
         )
         parts.append(ops.select(*cols, "name", pl.lit("compute").alias("kind"), pl.lit("host").alias("side")))
-    return pl.concat([p.select([pl.col(c).cast(t) for c, t in SCHEMA.items()]) for p in parts]).sort(["rank", "ts"])
+    return pl.concat([p.select([pl.col(c).cast(t) for c, t in SCHEMA.items()]) for p in parts]).sort(["rank", "ts"], maintain_order=True)
 
 
 DERIVED = {"activity": activity}

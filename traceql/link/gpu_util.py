@@ -19,7 +19,7 @@ CHUNKS = 30  # nsys analyze gpu_time_util default (chunks=30)
 
 
 def gpu_time_util(run: Run) -> pl.DataFrame:
-    k = run.table("kernels").filter(pl.col("device").is_not_null() & pl.col("ts").is_not_null()
+    k = run.table("kernels").select("rank", "source", "device", "ts", "end", "dur").filter(pl.col("device").is_not_null() & pl.col("ts").is_not_null()
                                     & pl.col("end").is_not_null() & (pl.col("end") >= pl.col("ts")))
     schema = {"rank": pl.Int32, "device": pl.Int32, "chunk": pl.Int64, "ts": pl.Int64, "end": pl.Int64,
               "chunk_ms": pl.Float64, "busy_ms": pl.Float64, "util_pct": pl.Float64, "step": pl.Int64}

@@ -20,7 +20,7 @@ FP32 = r"(?i)sgemm|f32f32_f32|gemm_f32|tf32|fp32|_sss_|s1688gemm|s884gemm|s16816
 def gemm_precision(run: Run) -> pl.DataFrame:
     # classify on the name without its parameter list, and without fbgemm (a library name, not a GEMM)
     sig = pl.col("name").str.replace(r"\(.*$", "").str.replace_all("fbgemm", "")
-    k = run.table("kernels").filter(pl.col("kind") == "compute")
+    k = run.table("kernels").select("rank", "name", "kind", "dur").filter(pl.col("kind") == "compute")
     # classify each distinct name once (kernel names repeat millions of times), then join the class on
     names = k.select(pl.col("name").unique()).with_columns(sig.alias("_sig")).filter(pl.col("_sig").str.contains(GEMM))
     names = names.with_columns(

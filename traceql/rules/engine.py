@@ -61,8 +61,13 @@ def _filter_expr(col: str, cond, schema) -> pl.Expr:
     return c == cond
 
 
-def select(run: Run, table: str, where: dict | None) -> pl.DataFrame:
+def select(run: Run, table: str, where: dict | None, keep: list[str] | None = None) -> pl.DataFrame:
+    """Rows of `table` matching `where`; with `keep`, only those columns (and the filtered ones) when all of `keep`
+    that a measure must have exist, so that filtering does not copy wide columns the measure never reads."""
     df = link.ensure(run, table)
+    if keep is not None and set(keep) | set(where or {}) <= set(df.columns):  # else errors name every column
+        wanted = set(keep) | set(where or {}) | {"source", "name"}
+        df = df.select([c for c in df.columns if c in wanted])
     if where:
         expr = pl.lit(True)
         for col, cond in where.items():
@@ -111,8 +116,9 @@ def _measure_raw(run: Run, rule: Rule, raw_gaps: bool = False) -> pl.DataFrame:
     s = rule.select
     m = s["measure"]
     per = list(s.get("per") or ["rank"])
-    df = select(run, s["table"], s.get("where"))
-    if m in ("union", "overlap", "exposed", "gaps") and "source" in df.columns and "source" not in per:
+    interval = m in ("union", "overlap", "exposed", "gaps")
+    df = select(run, s["table"], s.get("where"), keep=[*per, "ts", "end"] if interval else None)
+    if interval and "source" in df.columns and "source" not in per:
         per.append("source")  # intervals from two sources of one rank are on different clocks: never mix them
     if m == "rows":
         return df
@@ -124,7 +130,7 @@ def _measure_raw(run: Run, rule: Rule, raw_gaps: bool = False) -> pl.DataFrame:
         return measures.union(df, per)
     if m in ("overlap", "exposed"):
         ag = s["against"]
-        other = select(run, ag["table"], ag.get("where"))
+        other = select(run, ag["table"], ag.get("where"), keep=[*per, "ts", "end"])
         return measures.coverage(df, other, per)
     if m == "gaps":
         out = measures.gaps(df, per, shorten=False)
