@@ -24,7 +24,7 @@ def blocking_calls(run: Run) -> pl.DataFrame:
     blocking = rt.filter(
         ((pl.col("kind") == "sync") & pl.col("name").is_not_null() & ~pl.col("name").is_in(queries)) | pl.col("name").is_in(copies)
     ).with_columns(pl.col("rank").cast(pl.Int32))
-    ops = run.table("host_ops").filter(pl.col("external_id").is_not_null())
+    ops = run.table("host_ops").select("rank", "source", "external_id", "name", "depth").filter(pl.col("external_id").is_not_null())
     # only ops that carry a blocking call's external id can name its cause
     ops = ops.join(blocking.select(pl.col("rank").cast(ops.schema["rank"]), "source", "external_id").unique(),
                    on=["rank", "source", "external_id"], how="semi")
