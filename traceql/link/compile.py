@@ -16,6 +16,13 @@ import polars as pl
 
 from traceql.model import Run
 
+
+def _ensure(run: Run, name: str) -> pl.DataFrame:
+    # built once per run and kept in run.tables (several tables here read the same evidence)
+    from traceql.link import ensure
+
+    return ensure(run, name)
+
 _PRIORITY = {"torch_trace": 0, "torch_logs": 1, "compile_debug": 2}
 _COLLECTIVE = re.compile(r"(?:^|\.)_?c10d_functional\.\w+")
 _WAIT = re.compile(r"(?:^|\.)_?c10d_functional\.wait_tensor")
@@ -70,9 +77,7 @@ def _detail_field(name: str, dtype=pl.Utf8) -> pl.Expr:
 
 def compile_frames(run: Run) -> pl.DataFrame:
     """Per rank and frame: compiles, recompiles, whether the recompile limit was hit, the guard that keeps failing."""
-    ev = run.tables.get("compile_evidence")
-    if ev is None:
-        ev = compile_evidence(run)
+    ev = _ensure(run, "compile_evidence")
     schema = {"rank": pl.Int32, "frame_id": pl.Int64, "function": pl.Utf8, "filename": pl.Utf8, "line": pl.Int64,
               "compiles": pl.UInt32, "recompiles": pl.UInt32, "limit_hit": pl.Boolean, "limit": pl.Int64,
               "top_guard": pl.Utf8, "top_guard_count": pl.UInt32, "last_guard": pl.Utf8, "compile_s": pl.Float64,
@@ -130,9 +135,7 @@ def compiled_regions(run: Run) -> pl.DataFrame:
         pl.col("name").str.extract(_REGION.pattern, 1).alias("_cid"),
         pl.col("name").str.extract(_FXCALL.pattern, 1).alias("cache_key"),
     ).with_columns(pl.when(pl.col("_cid").is_not_null()).then(pl.lit("region")).otherwise(pl.lit("fx_graph")).alias("what"))
-    ev = run.tables.get("compile_evidence")
-    if ev is None:
-        ev = compile_evidence(run)
+    ev = _ensure(run, "compile_evidence")
     r = _known_rank(run)
     if r is not None and ho["rank"].null_count():  # a single-process profile without distributedInfo
         ho = ho.with_columns(pl.col("rank").fill_null(r))
@@ -159,16 +162,12 @@ def graph_break_cost(run: Run) -> pl.DataFrame:
     schema = {"rank": pl.Int32, "compile_id": pl.Utf8, "function": pl.Utf8, "location": pl.Utf8, "reason": pl.Utf8,
               "user_frame": pl.Utf8, "n_steps": pl.UInt32, "steps_with_calls": pl.UInt32, "calls_per_step": pl.Float64,
               "ms_per_step": pl.Float64, "traced": pl.Boolean, "cost_note": pl.Utf8}
-    ev = run.tables.get("compile_evidence")
-    if ev is None:
-        ev = compile_evidence(run)
+    ev = _ensure(run, "compile_evidence")
     gb = ev.filter(pl.col("kind") == "graph_break")
     if gb.height == 0:
         return pl.DataFrame(schema=schema)
     gb = gb.unique(subset=["rank", "compile_id", "reason", "user_frame"], keep="first", maintain_order=True)
-    regions = run.tables.get("compiled_regions")
-    if regions is None:
-        regions = compiled_regions(run)
+    regions = _ensure(run, "compiled_regions")
     reg = regions.filter(pl.col("what") == "region")
     steps = _steps(run)
     n_steps = steps.group_by("rank").agg(pl.col("step").n_unique().alias("n_steps"))
@@ -220,9 +219,7 @@ def compile_cache_divergence(run: Run) -> pl.DataFrame:
     schema = {"rank": pl.Int32, "compile_id": pl.Utf8, "graphs": pl.Utf8, "n_graphs": pl.Int64, "cache_key": pl.Utf8,
               "majority_key": pl.Utf8, "majority_ranks": pl.Utf8, "n_ranks": pl.UInt32, "n_differing": pl.Int64,
               "differing": pl.Utf8, "differing_values": pl.Utf8}
-    ev = run.tables.get("compile_evidence")
-    if ev is None:
-        ev = compile_evidence(run)
+    ev = _ensure(run, "compile_evidence")
     c = ev.filter(pl.col("kind").is_in(["cache_hit", "cache_miss"]) & pl.col("cache_key").is_not_null()
                   & (_detail_field("cache") == "fx_graph").fill_null(False) & pl.col("rank").is_not_null())
     if c.height == 0 or c["rank"].n_unique() < 2:
@@ -294,9 +291,7 @@ def graph_collectives(run: Run) -> pl.DataFrame:
     schema = {"rank": pl.Int32, "compile_id": pl.Utf8, "graph": pl.Utf8, "graph_no": pl.Int64, "op": pl.Utf8,
               "op_index": pl.Int64, "wait_index": pl.Int64, "ops_between": pl.Int64, "compute_between": pl.Int64,
               "serialized": pl.Boolean, "function": pl.Utf8}
-    ev = run.tables.get("compile_evidence")
-    if ev is None:
-        ev = compile_evidence(run)
+    ev = _ensure(run, "compile_evidence")
     g = ev.filter(pl.col("kind") == "graph_op")
     if g.height == 0:
         return pl.DataFrame(schema=schema)
@@ -349,9 +344,7 @@ def compile_time(run: Run) -> pl.DataFrame:
     schema = {"rank": pl.Int32, "compile_s": pl.Float64, "compiles": pl.UInt32, "steps_s": pl.Float64,
               "n_steps": pl.UInt32, "share_pct": pl.Float64, "across_median_s": pl.Float64, "ratio": pl.Float64,
               "skew_s": pl.Float64, "n_ranks": pl.UInt32}
-    ev = run.tables.get("compile_evidence")
-    if ev is None:
-        ev = compile_evidence(run)
+    ev = _ensure(run, "compile_evidence")
     c = ev.filter((pl.col("kind") == "compile") & pl.col("dur").is_not_null() & pl.col("rank").is_not_null())
     if c.height == 0:
         return pl.DataFrame(schema=schema)

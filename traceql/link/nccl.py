@@ -124,7 +124,9 @@ def nccl_duplicate_gpu(run: Run) -> pl.DataFrame:
                                                                  "host": pl.Utf8})).alias("d"))
            .select(pl.col("d").struct.field("ranks").list.sort().alias("rank"), pl.col("d").struct.field("host").alias("host"),
                    pl.col("d").struct.field("bus_id").alias("bus_id"), pl.lit("NCCL WARN").alias("origin"))]
-    cc = nccl_comm_checks(run)
+    from traceql.link import ensure
+
+    cc = ensure(run, "nccl_comm_checks")  # built once per run
     if "dup_ranks" in cc.columns:
         out.append(cc.filter(pl.col("dup_ranks").is_not_null())
                    .select(pl.col("dup_ranks").alias("rank"), "host", "bus_id", pl.lit("comm init lines").alias("origin")))
@@ -263,7 +265,9 @@ def nccl_timeouts(run: Run) -> pl.DataFrame:
     wd = ev.filter((pl.col("kind") == "watchdog_timeout") & pl.col("rank").is_not_null())
     rows: list[pl.DataFrame] = []
     det = _detectors(ev)["rank"].sort().cast(pl.Utf8).str.join(",").item() if ev.height else ""
-    errs = nccl_errors(run)
+    from traceql.link import ensure
+
+    errs = ensure(run, "nccl_errors")  # built once per run
     root = errs.filter(pl.col("root_cause"))["rank"].first() if errs.height else None
     if wd.height:
         wd = wd.with_columns(pl.col("pg_name").fill_null("0"))
