@@ -101,8 +101,10 @@ def compile_frames(run: Run) -> pl.DataFrame:
     # the guard that fails most often: strip the per-call numbers so that "expected 3, actual 4" and
     # "expected 4, actual 5" count as one guard
     rec = rec.with_columns(pl.col("guard").str.replace_all(r"expected \S+, actual \S+", "expected ?, actual ?").alias("_g"))
-    top = (rec.group_by("rank", "frame_id", "_g").agg(pl.len().alias("top_guard_count"), pl.col("guard").last().alias("_ex"))
-           .sort("top_guard_count", descending=True).group_by("rank", "frame_id").agg(
+    # ties (every guard failing once, say) go to the guard that failed first, not to whichever the hash order gives
+    top = (rec.with_row_index("_first").group_by("rank", "frame_id", "_g")
+           .agg(pl.len().alias("top_guard_count"), pl.col("guard").last().alias("_ex"), pl.col("_first").min())
+           .sort(["top_guard_count", "_first"], descending=[True, False]).group_by("rank", "frame_id", maintain_order=True).agg(
                pl.col("_g").first().alias("top_guard"), pl.col("top_guard_count").first()))
     last = rec.sort("attempt").group_by("rank", "frame_id").agg(pl.col("guard").last().alias("last_guard"))
     out = base.join(top, on=["rank", "frame_id"], how="left", nulls_equal=True).join(
