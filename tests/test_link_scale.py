@@ -105,3 +105,22 @@ def test_segments_merge_touching_intervals_and_name_their_ends(rows):
                 seg = {"ts": ts, "end": end, "n": 1, "first": name, "last": name}
         want.append((r, seg["ts"], seg["end"], seg["n"], seg["first"], seg["last"]))
     assert got == want
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 60), st.integers(0, 15)), max_size=30))
+def test_union_is_the_sweeps_selected_time(rows):
+    from traceql.rules.measures import coverage, union
+
+    df = pl.DataFrame([(r, s, ts, ts + d) for r, s, ts, d in rows],
+                      schema={"rank": pl.Int32, "step": pl.Int64, "ts": pl.Int64, "end": pl.Int64}, orient="row")
+    got = union(df, ["rank", "step"])
+    want = coverage(df, None, ["rank", "step"]).select("rank", "step", pl.col("sel_ms").alias("union_ms"), "n")
+    assert got.equals(want), (got, want)
+    # and by hand: the covered integer instants
+    for r, s, ms in got.select("rank", "step", "union_ms").rows():
+        covered = set()
+        for r2, s2, ts, d in rows:
+            if (r2, s2) == (r, s):
+                covered.update(range(ts, ts + d))
+        assert round(ms * 1e6) == len(covered)
