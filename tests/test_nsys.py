@@ -620,7 +620,7 @@ def test_gpu_time_util_uses_one_source_per_rank():
 @pytest.mark.parametrize("path", [MFU, MOCK], ids=lambda p: p.name)
 def test_fast_and_standard_readers_agree(path, monkeypatch):
     """The optional ADBC reader (adbc-driver-sqlite) and the sqlite3 one give identical tables."""
-    if nsys._adbc is None:
+    if nsys._adbc() is None:
         pytest.skip("adbc-driver-sqlite not installed (optional fast reader)")
     monkeypatch.delenv(nsys.READER_ENV, raising=False)
     fast_src, fast = _read(path)

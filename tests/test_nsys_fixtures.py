@@ -449,7 +449,7 @@ def test_gpu_time_util_uses_one_source_per_rank():
 
 @pytest.mark.parametrize("path", [EXPORTS[0], EXPORTS[2]], ids=[IDS[0], IDS[2]])
 def test_fast_and_standard_readers_agree(path, monkeypatch):
-    if nsys._adbc is None:
+    if nsys._adbc() is None:
         pytest.skip("adbc-driver-sqlite not installed (optional fast reader)")
     monkeypatch.delenv(nsys.READER_ENV, raising=False)
     fast_src, fast = _read(path)

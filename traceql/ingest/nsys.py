@@ -33,10 +33,14 @@ import polars as pl
 
 from traceql.ingest import IngestError
 
-try:  # optional: reads SQLite straight into Arrow, about 3x faster than sqlite3's tuples on big exports
-    import adbc_driver_sqlite.dbapi as _adbc
-except ImportError:  # pragma: no cover - depends on the install
-    _adbc = None
+def _adbc():
+    """The optional ADBC driver (reads SQLite straight into Arrow, about 3x faster than sqlite3's tuples on big
+    exports), imported on first use: it pulls in pyarrow.dataset, which a run without nsys exports never needs."""
+    try:
+        import adbc_driver_sqlite.dbapi as adbc
+    except ImportError:  # pragma: no cover - depends on the install
+        return None
+    return adbc
 
 KIND = "nsys"
 SUPPORTED = True
@@ -90,9 +94,10 @@ class _Db:
             raise IngestError(_db_error(path, e)) from None
         self._cols: dict[str, set[str]] = {}
         self.fast = None
-        if _adbc is not None and os.environ.get(READER_ENV, "") != "sqlite3":
+        adbc = _adbc() if os.environ.get(READER_ENV, "") != "sqlite3" else None
+        if adbc is not None:
             try:
-                self.fast = _adbc.connect(uri)
+                self.fast = adbc.connect(uri)
             except Exception:  # any trouble: the sqlite3 reader does the job, only slower
                 self.fast = None
 

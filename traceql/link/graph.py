@@ -22,7 +22,6 @@ Not modelled yet: event record -> stream wait (the canonical tables carry no eve
 
 from __future__ import annotations
 
-import networkx as nx
 import polars as pl
 
 from traceql.model import Run
@@ -197,8 +196,10 @@ def edge_lists(run: Run) -> tuple[pl.DataFrame, pl.DataFrame]:
     return ns, es
 
 
-def build_graph(run: Run) -> nx.DiGraph:
+def build_graph(run: Run) -> "nx.DiGraph":  # noqa: F821 - networkx is imported on use (0.2 s at start-up)
     """The run's dependency graph (also stored as run.graph)."""
+    import networkx as nx
+
     if isinstance(run.graph, nx.DiGraph):
         return run.graph
     nodes, edges = edge_lists(run)
@@ -213,7 +214,9 @@ def build_graph(run: Run) -> nx.DiGraph:
     return g
 
 
-def write_graph(g: nx.DiGraph, path, graphml: bool = False) -> None:
+def write_graph(g, path, graphml: bool = False) -> None:
+    import networkx as nx
+
     if graphml:
         nx.write_graphml(g, path)
         return
