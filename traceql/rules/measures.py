@@ -24,66 +24,53 @@ def _clean(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
 
 
 def coverage(sel: pl.DataFrame, against: pl.DataFrame | None, per: list[str]) -> pl.DataFrame:
-    """Union of `sel`, union of `against` and the length of their intersection, per group, in one sweep.
+    """Union of `sel`, union of `against` and the length of their intersection, per group.
 
-    Every interval contributes +1 at its start and -1 at its end to its set's counter; between consecutive
-    boundaries a set covers the span when its counter is positive. Cost: one sort of 2(n+m) boundaries.
+    |A ∩ B| = |A| + |B| - |A ∪ B|, each union from one stable sort of the intervals by group and start (see
+    _union_ns): integer nanoseconds throughout, so the result is exactly the boundary sweep's (+1 at a start, -1
+    at an end, spans where both counters are positive), from fewer and better-sorted rows.
     """
     per = _keys(per)
     # only the columns the sweep reads: filtering wide frames (kernel names) costs more than the sweep
     sel = _clean(sel.select(*per, "ts", "end"), per)
-    parts = [
-        sel.select(*per, pl.col("ts").alias("t"), pl.lit(1).alias("da"), pl.lit(0).alias("db")),
-        sel.select(*per, pl.col("end").alias("t"), pl.lit(-1).alias("da"), pl.lit(0).alias("db")),
-    ]
+    a = _union_ns(sel, per).rename({"_u": "_a"})
+    out = a.with_columns(pl.lit(0, pl.Int64).alias("_b"), pl.lit(0, pl.Int64).alias("_i"))
     if against is not None:
         against = _clean(against.select(*per, "ts", "end"), per)
         # cast keys to the selection's dtypes so the two sides concatenate
         against = against.with_columns([pl.col(k).cast(sel.schema[k]) for k in per])
-        parts += [
-            against.select(*per, pl.col("ts").alias("t"), pl.lit(0).alias("da"), pl.lit(1).alias("db")),
-            against.select(*per, pl.col("end").alias("t"), pl.lit(0).alias("da"), pl.lit(-1).alias("db")),
-        ]
-    ev = pl.concat(parts, how="vertical").with_columns(pl.col("da", "db").cast(pl.Int32))
-    # Sorted by group then time. The order of boundaries at one instant does not matter: the span between them
-    # is 0, and the counters after the last of them are the same in any order. Every interval opens and closes
-    # in its own group, so each group's counters start and end at 0: a cumulative sum over the whole sorted frame
-    # is the per-group one, and the span to the next group's first boundary is never counted (counters are 0).
-    # (A stable sort of nearly sorted data is also much faster in polars than an unstable one.)
-    ev = ev.sort([*per, "t"], maintain_order=True)
-    ev = ev.with_columns(
-        pl.col("da").cum_sum().alias("ca"),
-        pl.col("db").cum_sum().alias("cb"),
-        (pl.col("t").shift(-1) - pl.col("t")).fill_null(0).alias("span"),
-        pl.struct(per).rle_id().alias("_g"),
+        b = _union_ns(against, per).select(*per, pl.col("_u").alias("_b"))
+        both = _union_ns(pl.concat([sel, against], how="vertical"), per).select(*per, pl.col("_u").alias("_ab"))
+        out = a.join(b, on=per, how="left", nulls_equal=True).join(both, on=per, how="left", nulls_equal=True)
+        out = out.with_columns(pl.col("_b").fill_null(0)).with_columns((pl.col("_a") + pl.col("_b") - pl.col("_ab")).alias("_i"))
+    out = out.select(
+        *per, pl.col("_n").alias("n"), (pl.col("_a") / NS_PER_MS).alias("sel_ms"), (pl.col("_b") / NS_PER_MS).alias("against_ms"),
+        (pl.col("_i") / NS_PER_MS).alias("overlap_ms"),
     )
-    out = ev.group_by("_g").agg(
-        *[pl.col(k).first() for k in per],
-        (pl.col("span").filter(pl.col("ca") > 0).sum() / NS_PER_MS).alias("sel_ms"),
-        (pl.col("span").filter(pl.col("cb") > 0).sum() / NS_PER_MS).alias("against_ms"),
-        (pl.col("span").filter((pl.col("ca") > 0) & (pl.col("cb") > 0)).sum() / NS_PER_MS).alias("overlap_ms"),
-    ).drop("_g")
-    # groups that have selected intervals only
-    have = sel.group_by(per).agg(pl.len().alias("n"))
-    out = have.join(out, on=per, how="left").with_columns(pl.col("sel_ms", "against_ms", "overlap_ms").fill_null(0.0))
     return out.with_columns(
         (pl.col("sel_ms") - pl.col("overlap_ms")).clip(lower_bound=0.0).alias("exposed_ms"),
         pl.when(pl.col("sel_ms") > 0).then(pl.col("overlap_ms") / pl.col("sel_ms") * 100.0).otherwise(None).alias("overlap_pct"),
     ).sort(per)
 
 
-def union(sel: pl.DataFrame, per: list[str]) -> pl.DataFrame:
-    """Busy time of the union of the intervals per group, and how many there are.
+def _union_ns(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
+    """per, _u (busy ns of the union of the group's intervals), _n (how many) for clean intervals.
 
     One stable sort by group and start; each interval adds what reaches past the furthest end before it (the
-    running maximum of the group's earlier ends): the same integer as the boundary sweep, from half the rows."""
-    per = _keys(per)
-    df = _clean(sel.select(*per, "ts", "end"), per).sort([*per, "ts"], maintain_order=True)
+    running maximum of the group's earlier ends). Rows of a group are contiguous once sorted, so they are numbered
+    by run and the running maximum is a window over one integer key."""
+    df = df.select(*per, "ts", "end").sort([*per, "ts"], maintain_order=True)
     df = df.with_columns(pl.struct(per).rle_id().alias("_g"))
     df = df.with_columns(pl.col("end").cum_max().shift(1).over("_g").alias("_pm"))
     adds = (pl.col("end") - pl.max_horizontal("ts", "_pm")).clip(lower_bound=0)
-    out = df.group_by("_g").agg(*[pl.col(k).first() for k in per], (adds.sum() / NS_PER_MS).alias("union_ms"), pl.len().alias("n"))
-    return out.drop("_g").sort(per)
+    return df.group_by("_g").agg(*[pl.col(k).first() for k in per], adds.sum().alias("_u"), pl.len().alias("_n")).drop("_g")
+
+
+def union(sel: pl.DataFrame, per: list[str]) -> pl.DataFrame:
+    """Busy time of the union of the intervals per group, and how many there are."""
+    per = _keys(per)
+    out = _union_ns(_clean(sel.select(*per, "ts", "end"), per), per)
+    return out.select(*per, (pl.col("_u") / NS_PER_MS).alias("union_ms"), pl.col("_n").alias("n")).sort(per)
 
 
 def segments(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
