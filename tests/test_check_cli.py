@@ -142,3 +142,23 @@ def test_a_trace_cut_before_its_first_event_is_an_error_not_a_partial(tmp_path):
     assert r.exit_code == 2  # nothing could be analysed
     src = json.loads(r.stdout)["sources"][0]
     assert src["status"] == "error" and "before its first complete event" in src["detail"]
+
+
+def test_derived_tables_are_cached_per_input_and_give_the_same_report(tmp_path):
+    """The second check of the same run reads link/'s tables from the cache: same findings, same notes."""
+    from traceql import pipeline
+
+    demo = tmp_path / "demo"
+    shutil.copytree(SAMPLES / "demo", demo)
+    cold = json.loads(run_cli("check", demo, "--format", "json", "--no-cache").stdout)
+    first = pipeline.check(demo)
+    folder = first.run.derived_cache
+    assert folder is not None and (folder / "collective_instances.parquet").exists()
+    second = pipeline.check(demo)
+    assert second.run.derived_cache == folder
+    assert [f.to_json() for f in second.findings] == [f.to_json() for f in first.findings]
+    assert second.run.notes == first.run.notes == cold["notes"]
+    assert [f.to_json() for f in second.findings] == cold["findings"]
+    # another input (one rank's trace removed) is another cache entry
+    (demo / "rank1.pt.trace.json.gz").unlink()
+    assert pipeline.check(demo).run.derived_cache != folder

@@ -112,3 +112,52 @@ def store(source: Source, key: str, tables: dict[str, pl.DataFrame]) -> None:
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _code_digest() -> str:
+    """The code derived tables come from (traceql/link and the measures it uses): a change to it is a miss even
+    when the version string stays the same, as it does between releases."""
+    global _CODE
+    if _CODE is None:
+        root = Path(__file__).resolve().parents[1]
+        h = hashlib.blake2b(digest_size=12)
+        for p in sorted([*(root / "link").glob("*.py"), root / "rules" / "measures.py", root / "model" / "tables.py"]):
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+        _CODE = h.hexdigest()
+    return _CODE
+
+
+_CODE: str | None = None
+
+
+def run_dir(keyed_sources: list[tuple[int, str]]) -> Path:
+    """Derived tables of a run depend on exactly its sources (with their ids, which appear in the tables) and the
+    linking code: one folder per such combination."""
+    text = "|".join(f"{i}:{k}" for i, k in sorted(keyed_sources))
+    key = hashlib.blake2b(f"{text}|{_code_digest()}|{FORMAT_VERSION}|{__version__}".encode(), digest_size=16).hexdigest()
+    return cache_dir() / f"run-{key}"
+
+
+def load_derived(folder: Path, name: str) -> tuple[pl.DataFrame, list[str]] | None:
+    p = folder / f"{name}.parquet"
+    if not p.exists():
+        return None
+    try:
+        notes_path = folder / f"{name}.notes.json"
+        notes = orjson.loads(notes_path.read_bytes()) if notes_path.exists() else []
+        return pl.read_parquet(p), notes
+    except Exception:  # a damaged entry is a miss
+        return None
+
+
+def store_derived(folder: Path, name: str, df: pl.DataFrame, notes: list[str]) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{name}.{os.getpid()}.parquet"
+        df.write_parquet(tmp, compression="lz4", statistics=False)
+        if notes:
+            (folder / f"{name}.notes.json").write_bytes(orjson.dumps(notes))
+        tmp.rename(folder / f"{name}.parquet")
+    except Exception:  # a table parquet cannot hold, a full disk: build it again next time
+        return

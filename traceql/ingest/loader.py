@@ -40,6 +40,7 @@ def _ingest_one(source: Source, use_cache: bool) -> tuple[Source, dict[str, pl.D
     if use_cache:
         key, hit = _cached(source)
         if hit is not None:
+            source.cache_key = key
             return source, hit
     try:
         tables = read_source(source)
@@ -57,6 +58,7 @@ def _ingest_one(source: Source, use_cache: bool) -> tuple[Source, dict[str, pl.D
         return source, {}
     if key is not None:
         cache.store(source, key, tables)
+        source.cache_key = key
     return source, tables
 
 
@@ -75,10 +77,11 @@ def ingest(run_path: Path, sources: list[Source], use_cache: bool = True, jobs: 
         # takes about a second, so only the misses go to the pool.
         misses = []
         for s in todo:
-            hit = _cached(s)[1] if _supported(s) else None
+            key, hit = _cached(s) if _supported(s) else (None, None)
             if hit is None:
                 misses.append(s)
                 continue
+            s.cache_key = key
             results.append((s, hit))
             if progress:
                 progress(s)
@@ -108,4 +111,8 @@ def ingest(run_path: Path, sources: list[Source], use_cache: bool = True, jobs: 
         for name, df in tables.items():
             frames.setdefault(name, []).append(df)
     tables = {name: concat(name, frames.get(name, [])) for name in SCHEMAS}
-    return Run(path=Path(run_path), sources=merged_sources, tables=tables)
+    run = Run(path=Path(run_path), sources=merged_sources, tables=tables)
+    read = [s for s in merged_sources if s.status in ("ok", "partial")]
+    if use_cache and read and all(s.cache_key for s in read):
+        run.derived_cache = cache.run_dir([(s.id, s.cache_key) for s in read])
+    return run

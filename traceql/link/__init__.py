@@ -36,8 +36,21 @@ def ensure(run: Run, name: str) -> pl.DataFrame:
     builder = derived_tables().get(name)
     if builder is None:
         return run.table(name)
+    folder = run.derived_cache
+    if folder is not None:
+        from traceql.ingest import cache
+
+        hit = cache.load_derived(folder, name)
+        if hit is not None:
+            df, notes = hit
+            run.notes.extend(n for n in notes if n not in run.notes)
+            run.tables[name] = df
+            return df
+    before = len(run.notes)
     df = builder(run)
     run.tables[name] = df
+    if folder is not None:
+        cache.store_derived(folder, name, df, run.notes[before:])
     return df
 
 

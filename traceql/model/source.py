@@ -34,6 +34,7 @@ class Source:
     detail: str = ""
     rank_origin: str = ""  # distributedInfo, file name, process order, ...
     meta: dict = field(default_factory=dict)  # small per-source facts (schemaVersion, device props, versions)
+    cache_key: str | None = None  # the Parquet cache entry of its tables (content + kind + importer version)
 
     def to_json(self, root: Path | None = None) -> dict:
         path = self.path
