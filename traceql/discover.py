@@ -67,11 +67,25 @@ def _sniff_file(path: Path, mods) -> list[Source]:
             if mod.KIND not in ("nccl_log", "torch_logs"):
                 break
     if not kinds:
-        hint = "not a Kineto trace, nsys SQLite export, TORCH_TRACE log, NCCL log or Flight Recorder dump"
-        if head[:2] == b"\x1f\x8b" and not head:
-            hint = "gzip file that does not decompress"
-        return [Source(path, "unknown", status="skipped", detail=f"not a recognised input ({hint})")]
+        return [Source(path, "unknown", status="skipped", detail=_unrecognised(path, head))]
     return [Source(path, k, rank=rank_from_name(path), rank_origin="file name" if rank_from_name(path) is not None else "") for k in kinds]
+
+
+def _unrecognised(path: Path, head: bytes) -> str:
+    """Why a file is not an input, naming the neighbours of the inputs that users most often point traceql at."""
+    text = head.lstrip()
+    if text[:1] == b"{" and b'"nodes"' in head and b'"schema"' in head:
+        return ("PyTorch execution trace (ExecutionTraceObserver): operator graph without timings; traceql reads the "
+                "Kineto trace (torch.profiler export_chrome_trace) recorded beside it")
+    if path.name.startswith("memory_timeline") or (text[:1] == b"[" and b"[[" in head[:64] and b'"ph"' not in head):
+        return ("torch.profiler memory timeline (export_memory_timeline): allocations only; traceql reads the Kineto "
+                "trace recorded beside it")
+    with open(path, "rb") as f:
+        raw2 = f.read(2)
+    if raw2 == b"\x1f\x8b" and not head:
+        return "gzip file that does not decompress; copy it again"
+    return ("not a recognised input (not a Kineto trace, nsys SQLite export, TORCH_TRACE log, NCCL log or Flight "
+            "Recorder dump)")
 
 
 def discover(run_path: Path) -> list[Source]:
