@@ -26,6 +26,7 @@ from collections import Counter
 import polars as pl
 
 from traceql.model import Run
+from traceql.model.ranks import format_ranks
 
 # Preference when one rank has collectives from several sources (Kineto and a Flight Recorder dump, say):
 # the source with timestamps on the profiler clock wins; the others are not matched (they are another clock).
@@ -237,19 +238,6 @@ def _members_of(m: pl.DataFrame, ws: int | None) -> dict[str, list[int] | None]:
     return out
 
 
-def _ranks_text(ranks: list[int], limit: int = 12) -> str:
-    ranks = sorted(ranks)
-    # compress runs: 2-127
-    parts, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ", ".join(parts[:limit]) + (", ..." if len(parts) > limit else "")
-
-
 def collective_gaps(run: Run) -> pl.DataFrame:
     from traceql.link import ensure
 
@@ -279,7 +267,7 @@ def collective_gaps(run: Run) -> pl.DataFrame:
                              "detail": "member of the group with no trace in the run dir"})
             if missing:
                 _note(run, f"collectives: group {pg}: {len(missing)} of {len(mem)} member ranks have no trace in the run "
-                           f"dir (ranks {_ranks_text(missing)}); waits and skew are over the {len(present)} present")
+                           f"dir (ranks {format_ranks(missing, limit=12)}); waits and skew are over the {len(present)} present")
         total = int(m.filter(pl.col("group") == group)["_pos"].max())
         for r, n, last_pos, last_seq, last_step in pr.select("rank", "n", "last_pos", "last_seq", "last_step").iter_rows():
             if len(present) >= 2 and last_pos < total:
