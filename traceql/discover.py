@@ -68,7 +68,8 @@ def _sniff_file(path: Path, mods) -> list[Source]:
                 break
     if not kinds:
         return [Source(path, "unknown", status="skipped", detail=_unrecognised(path, head))]
-    return [Source(path, k, rank=rank_from_name(path), rank_origin="file name" if rank_from_name(path) is not None else "") for k in kinds]
+    rank = rank_from_name(path)
+    return [Source(path, k, rank=rank, rank_origin="file name" if rank is not None else "") for k in kinds]
 
 
 def _unrecognised(path: Path, head: bytes) -> str:

@@ -28,6 +28,7 @@ def _hta_overlap(run: Run) -> dict[int, float | None]:
 
     us = 1000
     out: dict[int, float | None] = {}
+    seen_comm_ms: dict[int, float] = {}
     kernels = run.table("kernels").filter(pl.col("kind").is_in(["comm", "compute"]) & pl.col("ts").is_not_null())
     for (rank, source), k in kernels.partition_by(["rank", "source"], as_dict=True).items():
         k = k.with_columns(ts=((pl.col("ts") + us - 1) // us) * us, end=(pl.col("end") // us) * us).filter(pl.col("end") >= pl.col("ts"))
@@ -41,10 +42,11 @@ def _hta_overlap(run: Run) -> dict[int, float | None]:
             continue
         row = coverage(comm, comp, ["rank"]).row(0, named=True)
         # one rank, several sources: keep the source that saw the most communication
-        if rank not in out or (row["sel_ms"] or 0) > out.get(("_sel", rank), 0):
+        comm_ms = row["sel_ms"] or 0.0
+        if rank not in out or comm_ms > seen_comm_ms[rank]:
             out[rank] = row["overlap_pct"]
-            out[("_sel", rank)] = row["sel_ms"] or 0
-    return {r: v for r, v in out.items() if isinstance(r, int)}
+            seen_comm_ms[rank] = comm_ms
+    return out
 
 
 def summarize(run: Run) -> dict:

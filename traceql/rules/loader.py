@@ -16,9 +16,9 @@ MEASURES = ("rows", "count", "sum", "union", "overlap", "exposed", "gaps", "spre
 FILTER_OPS = ("eq", "ne", "lt", "le", "gt", "ge", "in", "not_in", "regex", "not_regex", "is_null", "not_null")
 _TOP_FIELDS = {
     "id", "name", "severity", "summary", "needs", "params", "select", "sql", "cross_rank", "condition", "message",
-    "evidence", "ranks_column", "step_column", "location", "collapse", "docs", "fixtures", "tags", "formats",
+    "evidence", "ranks_column", "step_column", "location", "collapse", "docs", "fixtures", "tags",
 }
-_SELECT_FIELDS = {"measure", "table", "where", "against", "per", "column", "agg", "scale", "key", "value", "within_steps"}
+_SELECT_FIELDS = {"measure", "table", "where", "against", "per", "column", "agg", "scale", "key", "value"}
 
 
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
