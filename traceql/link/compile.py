@@ -215,43 +215,96 @@ def _short(name: str, value: str | None) -> str:
 
 
 def compile_cache_divergence(run: Run) -> pl.DataFrame:
-    """The same compile id (and the same FX graph within it, in order) with different FX graph cache keys on
-    different ranks: one row per rank off the majority key, naming the key components that differ and their
-    values on that rank and on the majority."""
-    schema = {"rank": pl.Int32, "compile_id": pl.Utf8, "graphs": pl.Utf8, "n_graphs": pl.Int64, "cache_key": pl.Utf8,
-              "majority_key": pl.Utf8, "majority_ranks": pl.Utf8, "n_ranks": pl.UInt32, "n_differing": pl.Int64,
-              "differing": pl.Utf8, "differing_values": pl.Utf8}
+    """FX graph cache keys compared across ranks, graph by graph, paired by identity: the compile id, its restart
+    attempt (tlparse's [F/C_R], shown as "F/C_R" where R > 0) and the graph's position within that attempt. Never by
+    order across compile ids, so a compile id one rank lacks cannot shift the pairing of the graphs after it.
+
+    One row per rank and compile id that diverge, `divergence` saying how:
+    - key: the same graphs have different cache keys here than on the majority; names the differing key
+      components and their values on this rank and on the majority (and a different graph count, if any);
+    - graphs: the same keys, but this rank logged a different number of FX graphs for the compile id;
+    - missing: most ranks compiled this compile id, this one has no record of it;
+    - extra: this rank compiled a compile id most ranks have no record of.
+    Only ranks whose logs carry FX graph cache keys take part (a rank without them is unknown, not missing), and only
+    compile ids that produced an FX graph on some rank. `note` is the sentence the rule's message prints."""
+    schema = {"rank": pl.Int32, "compile_id": pl.Utf8, "divergence": pl.Utf8, "graphs": pl.Utf8, "n_graphs": pl.Int64,
+              "cache_key": pl.Utf8, "majority_key": pl.Utf8, "majority_ranks": pl.Utf8, "n_ranks": pl.UInt32,
+              "n_differing": pl.Int64, "differing": pl.Utf8, "differing_values": pl.Utf8, "graphs_here": pl.Int64,
+              "graphs_majority": pl.Int64, "present_on": pl.Utf8, "missing_on": pl.Utf8, "note": pl.Utf8}
     ev = _ensure(run, "compile_evidence")
+    if ev.height == 0:
+        return pl.DataFrame(schema=schema)
+    # tlparse's [F/C_R]: the restart attempt R of compile id F/C, where there was one
+    ev = ev.with_columns(pl.when(_detail_field("restart", pl.Int64).fill_null(0) > 0)
+                         .then(pl.format("{}_{}", pl.col("compile_id"), _detail_field("restart", pl.Int64)))
+                         .otherwise(pl.col("compile_id")).alias("_cid"))
     c = ev.filter(pl.col("kind").is_in(["cache_hit", "cache_miss"]) & pl.col("cache_key").is_not_null()
-                  & (_detail_field("cache") == "fx_graph").fill_null(False) & pl.col("rank").is_not_null())
+                  & (_detail_field("cache") == "fx_graph").fill_null(False) & pl.col("rank").is_not_null()
+                  & pl.col("compile_id").is_not_null())
     if c.height == 0 or c["rank"].n_unique() < 2:
         return pl.DataFrame(schema=schema)
-    c = c.with_columns(_detail_field("seq", pl.Int64).alias("graph_seq")).unique(
-        subset=["rank", "compile_id", "graph_seq"], keep="first")
-    keyed = c.group_by("compile_id", "graph_seq", "cache_key").agg(
+    # the graph's position within its compile id and restart attempt, in log order (seq counts per file and compile
+    # id); a second log of the same rank repeats positions and only its first copy is kept
+    c = (c.with_columns(_detail_field("seq", pl.Int64).alias("_seq"))
+         .with_columns((pl.col("_seq").rank("dense").over("rank", "source", "_cid") - 1).cast(pl.Int64).alias("graph_seq"))
+         .unique(subset=["rank", "_cid", "graph_seq"], keep="first", maintain_order=True))
+    ranks = sorted(c["rank"].unique().to_list())
+    n_all = len(ranks)
+    # which of those ranks have any record of a compile id (its compile metrics or any cache event)
+    seen = (ev.filter(pl.col("rank").is_in(ranks) & pl.col("_cid").is_not_null()
+                      & pl.col("kind").is_in(["compile", "cache_hit", "cache_miss", "cache_bypass"]))
+            .group_by("_cid").agg(pl.col("rank").unique().sort().alias("_present")))
+    counts = c.group_by("_cid", "rank").agg(pl.len().cast(pl.Int64).alias("_n"))
+    logs = set(c["source"].unique().to_list())
+    partial = {s.rank for s in run.sources if s.id in logs and s.status == "partial" and s.rank is not None}
+
+    per: dict[tuple, dict] = {}  # (rank, compile id) -> the row being built
+
+    def row(rank: int, cid: str, divergence: str) -> dict:
+        return per.setdefault((rank, cid), {
+            "rank": rank, "compile_id": cid, "divergence": divergence, "graphs": None, "n_graphs": None,
+            "cache_key": None, "majority_key": None, "majority_ranks": None, "n_ranks": n_all, "n_differing": None,
+            "differing": None, "differing_values": None, "graphs_here": None, "graphs_majority": None,
+            "present_on": None, "missing_on": None, "names": {}, "unknown": False, "keyed": []})
+
+    # (b) compile ids some ranks compiled and others have no record of: the minority is the odd one out; on a tie a
+    # recompile (C > 0, or a restart) is the extra, a first compile is the missing one
+    for r in seen.join(c.select("_cid").unique(), on="_cid").sort("_cid").iter_rows(named=True):
+        present = [x for x in r["_present"] if x in ranks]
+        absent = [x for x in ranks if x not in present]
+        if not absent or not present:
+            continue
+        recompile = bool(re.search(r"/[1-9]\d*(?:_\d+)?$|_\d+$", r["_cid"]))
+        extra = len(present) < len(absent) or (len(present) == len(absent) and recompile)
+        n_graphs = {k: v for k, v in counts.filter(pl.col("_cid") == r["_cid"]).select("rank", "_n").iter_rows()}
+        for odd in (present if extra else absent):
+            acc = row(odd, r["_cid"], "extra" if extra else "missing")
+            acc["present_on"], acc["missing_on"] = _ranks(present), _ranks(absent)
+            acc["majority_ranks"] = _ranks(absent if extra else present)
+            acc["graphs_here"] = n_graphs.get(odd, 0)
+            acc["graphs_majority"] = max((n_graphs.get(x, 0) for x in (absent if extra else present)), default=0)
+
+    # (a) the same compile id and graph position with different keys on different ranks
+    keyed = c.group_by("_cid", "graph_seq", "cache_key").agg(
         pl.col("rank").sort().alias("ranks"), pl.len().alias("n"), pl.col("rank").min().alias("_lo"))
     # the reference key: the one most ranks have; a tie goes to the key of the lowest rank
-    groups = keyed.group_by("compile_id", "graph_seq").agg(
+    groups = keyed.group_by("_cid", "graph_seq").agg(
         pl.col("cache_key").n_unique().alias("n_keys"),
         pl.col("cache_key").sort_by(["n", "_lo"], descending=[True, False]).first().alias("majority_key"),
         pl.col("ranks").sort_by(["n", "_lo"], descending=[True, False]).first().alias("_maj_ranks"),
-        pl.col("n").sum().alias("n_ranks"),
     ).filter(pl.col("n_keys") > 1)
-    if groups.height == 0:
-        return pl.DataFrame(schema=schema)
-    odd = c.join(groups, on=["compile_id", "graph_seq"]).filter(pl.col("cache_key") != pl.col("majority_key"))
-    comps = {(r["rank"], r["compile_id"], r["graph_seq"]): r["components"] for r in
-             c.select("rank", "compile_id", "graph_seq", "components").iter_rows(named=True)}
-    per: dict[tuple, dict] = {}  # one row per rank and compile id, over all its FX graphs that differ
+    odd = c.join(groups, on=["_cid", "graph_seq"]).filter(pl.col("cache_key") != pl.col("majority_key"))
+    comps = {(r["rank"], r["_cid"], r["graph_seq"]): r["components"] for r in
+             c.select("rank", "_cid", "graph_seq", "components").iter_rows(named=True)}
     for r in odd.sort("graph_seq").iter_rows(named=True):
         maj_rank = r["_maj_ranks"][0]
-        mine = _load(comps.get((r["rank"], r["compile_id"], r["graph_seq"])))
-        theirs = _load(comps.get((maj_rank, r["compile_id"], r["graph_seq"])))
-        acc = per.setdefault((r["rank"], r["compile_id"]), {
-            "rank": r["rank"], "compile_id": r["compile_id"], "graphs": [], "cache_key": r["cache_key"],
-            "majority_key": r["majority_key"], "majority_ranks": ",".join(str(x) for x in r["_maj_ranks"]),
-            "n_ranks": r["n_ranks"], "names": {}, "unknown": False})
-        acc["graphs"].append(str(r["graph_seq"]))
+        mine = _load(comps.get((r["rank"], r["_cid"], r["graph_seq"])))
+        theirs = _load(comps.get((maj_rank, r["_cid"], r["graph_seq"])))
+        acc = row(r["rank"], r["_cid"], "key")
+        if not acc["keyed"]:
+            acc.update(cache_key=r["cache_key"], majority_key=r["majority_key"],
+                       majority_ranks=_ranks(r["_maj_ranks"]))
+        acc["keyed"].append(str(r["graph_seq"]))
         if mine is None or theirs is None:
             acc["unknown"] = True
             continue
@@ -259,18 +312,58 @@ def compile_cache_divergence(run: Run) -> pl.DataFrame:
             if (mine.get(n) or {}).get("hash") != (theirs.get(n) or {}).get("hash") and n not in acc["names"]:
                 acc["names"][n] = (f"{n}: {_short(n, (mine.get(n) or {}).get('value'))} (rank {r['rank']}) vs "
                                    f"{_short(n, (theirs.get(n) or {}).get('value'))} (rank {maj_rank})")
-    rows = []
-    for acc in per.values():
-        names = list(acc["names"])
-        if acc["unknown"] and not names:
-            names_txt, values_txt = "unknown (no key components logged)", "unknown (no key components logged)"
-        else:
-            names_txt, values_txt = ", ".join(names), "; ".join(acc["names"].values())
-        rows.append({"rank": acc["rank"], "compile_id": acc["compile_id"], "graphs": ",".join(acc["graphs"]),
-                     "n_graphs": len(acc["graphs"]), "cache_key": acc["cache_key"], "majority_key": acc["majority_key"],
-                     "majority_ranks": acc["majority_ranks"], "n_ranks": acc["n_ranks"],
-                     "n_differing": len(names) if names else None, "differing": names_txt, "differing_values": values_txt})
+
+    # ranks that compiled a compile id like the majority but logged a different number of FX graphs for it: the
+    # positions past the shorter list pair with nothing (a rank with none keyed is unknown, not different)
+    both = counts.join(counts.group_by("_cid").agg(pl.col("_n").mode().max().alias("_maj_n")), on="_cid")
+    for r in both.filter(pl.col("_n") != pl.col("_maj_n")).sort("_cid", "rank").iter_rows(named=True):
+        acc = per.get((r["rank"], r["_cid"]))
+        if acc is not None and acc["divergence"] in ("missing", "extra"):
+            continue
+        maj = both.filter((pl.col("_cid") == r["_cid"]) & (pl.col("_n") == r["_maj_n"]))["rank"].sort().to_list()
+        acc = row(r["rank"], r["_cid"], "graphs")
+        acc["graphs_here"], acc["graphs_majority"] = r["_n"], r["_maj_n"]
+        if acc["majority_ranks"] is None:
+            acc["majority_ranks"] = _ranks(maj)
+
+    rows = [_divergence_row(acc, rank in partial) for (rank, _), acc in per.items()]
     return pl.DataFrame(rows, schema=schema).sort("compile_id", "rank")
+
+
+def _ranks(rs) -> str:
+    return ",".join(str(x) for x in sorted(rs))
+
+
+def _divergence_row(acc: dict, truncated: bool) -> dict:
+    """Fills the key-difference columns and `note`, the sentence the rule's message prints after the compile id."""
+    names, unknown, keyed = acc.pop("names"), acc.pop("unknown"), acc.pop("keyed")
+    d, rank = acc["divergence"], acc["rank"]
+    if d == "missing":
+        acc["note"] = (f"is missing: rank(s) {acc['present_on']} compiled it ({acc['graphs_majority']} FX graph(s)), rank "
+                       f"{rank}'s compile log has no record of it"
+                       + (" (its log is truncated: it may have compiled it after the log ends)" if truncated else
+                          ": the ranks compiled different code, so graphs do not line up across ranks"))
+        return acc
+    if d == "extra":
+        acc["note"] = (f"is extra: rank {rank} compiled it ({acc['graphs_here']} FX graph(s)), rank(s) "
+                       f"{acc['missing_on']} have no record of it: the ranks compiled different code "
+                       f"(a rank-specific recompile or graph break)")
+        return acc
+    count = (f"{acc['graphs_here']} FX graph(s) on rank {rank} vs {acc['graphs_majority']} on rank(s) {acc['majority_ranks']}"
+             if acc["graphs_here"] is not None else None)
+    if not keyed:  # d == "graphs": the graphs that pair have the same keys
+        acc["note"] = f"logged a different number of FX graphs: {count}; the graphs that pair have the same cache keys"
+        return acc
+    acc["graphs"], acc["n_graphs"] = ",".join(keyed), len(keyed)
+    if unknown and not names:
+        acc["differing"] = acc["differing_values"] = "unknown (no key components logged)"
+    else:
+        acc["differing"], acc["differing_values"] = ", ".join(names), "; ".join(names.values())
+        acc["n_differing"] = len(names)
+    acc["note"] = (f"has {len(keyed)} FX graph(s) whose cache key differs from rank(s) {acc['majority_ranks']} (first: "
+                   f"{acc['cache_key']} vs {acc['majority_key']}); differing components: {acc['differing_values']}"
+                   + (f"; and {count}" if count else ""))
+    return acc
 
 
 def _load(s: str | None) -> dict | None:
