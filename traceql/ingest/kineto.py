@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import os
 import re
 import zlib
 from array import array
@@ -27,14 +28,23 @@ from pathlib import Path
 
 import orjson
 import polars as pl
+import pyarrow as pa
 
 try:  # the fast path; without it every trace goes through the whole-document parser
     import msgspec
 except ImportError:  # pragma: no cover
     msgspec = None
 
+try:  # the compiled chunk scanner (setup.py builds it where a C compiler is available); else msgspec decodes chunks
+    from traceql.ingest import _kscan
+except ImportError:  # pragma: no cover - depends on the build
+    _kscan = None
+
 from traceql.ingest import IngestError
 from traceql.model import Source
+
+# TRACEQL_KSCAN=0 turns the compiled scanner off (benchmarks compare both; tests check both give the same tables).
+_USE_KSCAN = _kscan is not None and os.environ.get("TRACEQL_KSCAN", "1") != "0"
 
 KIND = "kineto"
 SUPPORTED = True
@@ -475,6 +485,26 @@ _BUCKET_COLS = {
 }
 
 
+def _bucket_expr(ph: pl.Expr, cat: pl.Expr) -> pl.Expr:
+    """The table an event goes to: k(ernels), r(untime), s(yncs), h(ost ops), f(lows), skip (categories not
+    imported), i(nstant), be (B/E pairs), or null."""
+    lc = cat.str.to_lowercase()
+    return (
+        pl.when(ph == "X")
+        .then(
+            pl.when(lc.is_in(list(_KERNEL_CATS))).then(pl.lit("k"))
+            .when(lc.is_in(list(_RUNTIME_CATS))).then(pl.lit("r"))
+            .when(lc.is_in(list(_SYNC_CATS))).then(pl.lit("s"))
+            .when(lc.is_in(list(_SKIP_CATS))).then(pl.lit("skip"))
+            .otherwise(pl.lit("h"))
+        )
+        .when(ph.is_in(["s", "f", "t"])).then(pl.lit("f"))
+        .when(ph.is_in(["B", "E"])).then(pl.lit("be"))
+        .when(ph.is_in(["i", "I"])).then(pl.lit("i"))
+        .otherwise(pl.lit(None, dtype=pl.String))
+    )
+
+
 class _Acc:
     """Accumulates the per-table columns of each chunk of events, plus the few facts read per event."""
 
@@ -522,24 +552,13 @@ class _Acc:
         self._route(df, args_of)
 
     def _route(self, df: pl.DataFrame, args_of) -> None:
-        ph = pl.col("ph")
-        lc = pl.col("cat").str.to_lowercase()
-        bucket = (
-            pl.when(ph == "X")
-            .then(
-                pl.when(lc.is_in(list(_KERNEL_CATS))).then(pl.lit("k"))
-                .when(lc.is_in(list(_RUNTIME_CATS))).then(pl.lit("r"))
-                .when(lc.is_in(list(_SYNC_CATS))).then(pl.lit("s"))
-                .when(lc.is_in(list(_SKIP_CATS))).then(pl.lit("skip"))
-                .otherwise(pl.lit("h"))
-            )
-            .when(ph.is_in(["s", "f", "t"])).then(pl.lit("f"))
-            .when(ph.is_in(["B", "E"])).then(pl.lit("be"))
-            .when(ph.is_in(["i", "I"])).then(pl.lit("i"))
-            .otherwise(pl.lit(None, dtype=pl.String))
-        )
-        parts = df.with_row_index("_pos").with_columns(_b=bucket).partition_by("_b", as_dict=True, include_key=False)
-        for (b,), part in parts.items():
+        b = _bucket_expr(pl.col("ph"), pl.col("cat"))
+        parts = df.with_row_index("_pos").with_columns(_b=b).partition_by("_b", as_dict=True, include_key=False)
+        self._take({b: part for (b,), part in parts.items()}, args_of)
+
+    def _take(self, parts: dict, args_of) -> None:
+        """One chunk's events, split by table (bucket -> rows with their position in the chunk, _pos)."""
+        for b, part in parts.items():
             if b == "skip":
                 for c, k in part.select(pl.col("cat").str.to_lowercase()).to_series().value_counts().iter_rows():
                     self.skipped[c] = self.skipped.get(c, 0) + k
@@ -547,7 +566,7 @@ class _Acc:
                 self.n_instant += part.height
             elif b == "be":  # only the msgspec path sees them: the orjson path pairs them first
                 raise _Fallback("B/E events")
-        h = parts.get(("h",))
+        h = parts.get("h")
         if h is not None:
             names = h["name"].unique()
             names = names.filter(
@@ -556,13 +575,13 @@ class _Acc:
             calls = h.filter(pl.col("name").is_in(names.implode()))
             for i, pos in calls.select("id", "_pos").iter_rows():
                 self.coll_args[i] = args_of(pos)
-        r = parts.get(("r",))
+        r = parts.get("r")
         if r is not None and not self.mtia:
             self.mtia = bool((r["cat"] == "mtia_runtime").any())
         # Each table's rows of this chunk, in their final form (all but the host-op nesting and the flow pairing
         # are per row); string pids get their ids in this fixed order.
         for b, build in (("k", _kernel_rows), ("h", _host_rows), ("r", _runtime_rows), ("s", _syncs), ("f", _flow_rows)):
-            part = parts.get((b,))
+            part = parts.get(b)
             if part is not None:
                 self.parts[b].append(build(part.select(_BUCKET_COLS[b]), self.ids))
 
@@ -582,6 +601,63 @@ class _Acc:
             return {_ARG_KEYS[k]: v for k in _COLL_ATTRS if (v := getattr(x, k)) is not None}
 
         self.add_columns(i0, c, args_of)
+
+    def add_scanned(self, i0: int, got: tuple, buf) -> None:
+        """One chunk from the compiled scanner. Its columns arrive as Arrow buffers and its strings as codes into
+        the chunk's distinct values, so each event's table is worked out once per distinct (ph, cat) and each
+        table's rows take only their own columns; only the collective calls' args are parsed again, in full,
+        from their bytes."""
+        n, strings, cols = got
+        self.n_events += n
+        if not n:
+            return
+        text = ("ph", "cat", "name", "pid_s", "tid_s", "sync_kind")
+        arrays = {}
+        for name, (data, valid, nulls) in cols.items():
+            typ = pa.uint32() if name in text else pa.int64()
+            bufs = [None if valid is None else pa.py_buffer(valid), pa.py_buffer(data)]
+            arrays[name] = pa.Array.from_buffers(typ, n, bufs, null_count=nulls)
+        tbl = pl.from_arrow(pa.table(arrays))  # no copy
+        none = len(strings)
+        at = pl.Series(strings, dtype=pl.String).append(pl.Series([None], dtype=pl.String))  # code `none`: null
+        # The table of each event, worked out once per distinct (ph, cat).
+        key = tbl.select(pl.col("ph").fill_null(none).cast(pl.UInt64) * (1 << 32) + pl.col("cat").fill_null(none)).to_series()
+        pairs = key.unique()
+        kinds = pl.DataFrame({"ph": at.gather(pairs // (1 << 32)), "cat": at.gather(pairs % (1 << 32))}).select(
+            _bucket_expr(pl.col("ph"), pl.col("cat")).fill_null("")
+        ).to_series()
+        tbl = tbl.with_row_index("_pos").with_columns(_b=key.replace_strict(pairs, kinds, return_dtype=pl.String))
+        parts = {}
+        strs = pl.lit(at)
+        for (b,), part in tbl.partition_by("_b", as_dict=True, include_key=False).items():
+            if b == "skip":
+                parts[b] = part.select(cat=strs.gather(pl.col("cat").fill_null(none)))
+            elif b in ("i", "be"):
+                parts[b] = part.select("_pos")
+            elif b:
+                need = _BUCKET_COLS[b]
+                parts[b] = part.select(
+                    "_pos",
+                    *[(strs.gather(pl.col(c).fill_null(none)) if c in text else pl.col(c)).alias(c) for c in need if c != "id"],
+                    id=pl.col("_pos").cast(pl.Int64) + i0,
+                )
+        a_start, a_end = tbl["args_start"], tbl["args_end"]
+        keys = [_ARG_KEYS[k] for k in _COLL_ATTRS]
+
+        def args_of(j):
+            lo = a_start[j]
+            if lo is None:
+                return {}
+            raw = bytes(buf[lo : a_end[j]])
+            try:
+                d = orjson.loads(raw)
+            except orjson.JSONDecodeError:  # an int beyond 64 bits: the stdlib keeps it
+                import json
+
+                d = json.loads(raw)
+            return {k: v for k in keys if (v := d.get(k)) is not None}
+
+        self._take(parts, args_of)
 
     def add_dicts(self, i0: int, events: list, idx: list | None = None) -> None:
         evs = []
@@ -755,13 +831,33 @@ def _flows(df: pl.DataFrame | None) -> pl.DataFrame | None:
 
 def _nest(df: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
     """Parent id and depth of each interval by a per-thread stack sweep over intervals sorted by (start, -end)."""
-    n = df.height
     s = (
         df.select("pid", "tid", "ts", end=pl.col("end").fill_null(pl.col("ts")))
         .with_row_index("i")
         .sort(["pid", "tid", "ts", "end"], descending=[False, False, False, True], nulls_last=True, maintain_order=True)
     )
     s = s.select("ts", "end", "i", first=s["pid"].ne_missing(s["pid"].shift()) | s["tid"].ne_missing(s["tid"].shift()))
+    pos, depth = _nest_compiled(s) if _USE_KSCAN else _nest_sweep(s)
+    return df["id"].gather(pos.set(pos < 0, None).cast(pl.UInt32)), depth
+
+
+def _nest_compiled(s: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
+    """The sweep in C (_kscan.nest), over the sorted columns' Arrow buffers."""
+    def data(col: pl.Series):
+        a = col.rechunk().to_arrow()
+        return a.buffers()[1][a.offset * a.type.bit_width // 8 :]
+
+    flags = (s["first"].cast(pl.UInt8) | (s["ts"].is_null().cast(pl.UInt8) * 2)).fill_null(1)
+    n = s.height
+    parent, depth = _kscan.nest(data(s["ts"].fill_null(0)), data(s["end"].fill_null(0)), data(flags),
+                                data(s["i"].cast(pl.UInt32)), n)
+    return (pl.Series(pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(parent)])),
+            pl.Series(pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(depth)])))
+
+
+def _nest_sweep(s: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
+    """The sweep in Python, where the extension is not built."""
+    n = s.height
     parent = array("q", [-1]) * n  # positions; 8 bytes each rather than a Python int each
     depth = array("i", [0]) * n
     stack: list = []  # (end, start, row) of the open intervals of this thread
@@ -781,8 +877,7 @@ def _nest(df: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
                 parent[i] = stack[-1][2]
                 depth[i] = len(stack)
             stack.append((e, t, i))
-    pos = pl.Series(parent, dtype=pl.Int64)
-    return df["id"].gather(pos.set(pos < 0, None).cast(pl.UInt32)), pl.Series(depth, dtype=pl.Int32)
+    return pl.Series(parent, dtype=pl.Int64), pl.Series(depth, dtype=pl.Int32)
 
 
 def _pair_be(evs: list) -> list:
@@ -886,6 +981,11 @@ def _blocks(path: Path, notes: list, size: int | None = None):
 def _decode_chunk(buf: bytearray, end: int, acc: _Acc, i0: int) -> int:
     """Decode buf[:end], a JSON list of whole events, into acc; returns the number of events. No copy of the text
     is made unless it holds raw control characters."""
+    if _USE_KSCAN:
+        got = _kscan.scan(buf, end)
+        if got is not None:  # else a value or form the scanner leaves to msgspec
+            acc.add_scanned(i0, got, buf)
+            return got[0]
     mv = memoryview(buf)
     part = mv[:end]
     try:

@@ -1,0 +1,288 @@
+"""The compiled Kineto chunk scanner (traceql/ingest/_kscan.c) against the pure-Python path it speeds up.
+
+The scanner either gives exactly the tables msgspec's path gives for a chunk, or declines the chunk (returns None)
+so that path takes it. These tests hold it to that on every real trace (corpus and fixtures), on generated events
+with every odd value a trace can hold, and on damaged bytes, where it must neither crash nor accept what the
+general path would read differently.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from polars.testing import assert_frame_equal
+
+from conftest import CORPUS, FIXTURES, SAMPLES
+from traceql.discover import discover
+from traceql.ingest import kineto
+from traceql.model import Source
+
+# setup.py builds the extension wherever a C compiler is (the README's install does): its absence here is a failed
+# build, not a reason to skip.
+from traceql.ingest import _kscan  # noqa: E402
+
+HTA = CORPUS / "hta"
+
+
+def _traces(root: Path) -> list[Path]:
+    """The Kineto traces under root, as discovery finds them (by content)."""
+    if not root.is_dir():
+        return []
+    return sorted(Path(s.path) for s in discover(root) if s.kind == "kineto")
+
+
+REAL = _traces(FIXTURES) + _traces(SAMPLES)
+CORPUS_TRACES = _traces(HTA)
+
+
+def _read_both(path: Path, monkeypatch) -> tuple:
+    out = []
+    for use in (True, False):
+        monkeypatch.setattr(kineto, "_USE_KSCAN", use)
+        src = Source(Path(path), "kineto")
+        try:
+            tables = kineto.read(Path(path), src)
+        except Exception as e:  # the same error either way is also agreement
+            tables = f"{type(e).__name__}: {e}"
+        out.append((src, tables))
+    return out
+
+
+def _same(a, b) -> None:
+    assert type(a) is type(b)
+    if isinstance(a, str):
+        assert a == b
+        return
+    assert sorted(a) == sorted(b)
+    for name in a:
+        key = [c for c in ("id", "step", "kind", "flow_id", "src_ts", "dst_ts") if c in a[name].columns]
+        assert_frame_equal(a[name].sort(key, nulls_last=True), b[name].sort(key, nulls_last=True), check_exact=True)
+
+
+def _check_file(path: Path, monkeypatch) -> Source:
+    (sa, ta), (sb, tb) = _read_both(path, monkeypatch)
+    _same(ta, tb)
+    assert (sa.status, sa.detail, sa.rank) == (sb.status, sb.detail, sb.rank)
+    assert sa.meta == sb.meta
+    return sa
+
+
+@pytest.mark.parametrize("path", REAL, ids=lambda p: str(p.relative_to(p.parents[1])))
+def test_scanner_gives_the_msgspec_tables_on_recorded_traces(path, monkeypatch):
+    src = _check_file(path, monkeypatch)
+    assert src.meta.get("parser") == "chunks"
+
+
+@pytest.mark.parametrize("rel", [str(p.relative_to(HTA)) for p in CORPUS_TRACES] or ["<corpus absent>"])
+def test_scanner_gives_the_msgspec_tables_on_the_corpus(rel, corpus, monkeypatch):
+    _check_file(HTA / rel, monkeypatch)
+
+
+def test_scanner_takes_the_chunks_of_real_traces(monkeypatch):
+    """Not a silent decline everywhere: every chunk of the recorded traces goes through the scanner."""
+    calls = {"took": 0, "declined": 0}
+    real = _kscan.scan
+
+    class Spy:
+        nest = staticmethod(_kscan.nest)
+
+        @staticmethod
+        def scan(buf, n):
+            got = real(buf, n)
+            calls["took" if got is not None else "declined"] += 1
+            return got
+
+    monkeypatch.setattr(kineto, "_kscan", Spy)
+    monkeypatch.setattr(kineto, "_USE_KSCAN", True)
+    for path in REAL:
+        kineto.read(path, Source(path, "kineto"))
+    assert calls["took"] >= len(REAL) and calls["declined"] == 0
+
+
+# ---- generated events ---------------------------------------------------------------------------------------------
+
+_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+_odd = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False),
+    _text, st.sampled_from(["7", "-3", "007", "--1", "0x1f", "Spans", "", "stream 7", "1.5"]),
+    st.lists(st.integers(-5, 5), max_size=3), st.dictionaries(_text, st.integers(), max_size=2),
+)
+_num = st.one_of(st.integers(0, 2**53), st.floats(0, 2e15, allow_nan=False), st.integers(-(2**65), 2**65), _odd)
+_args = st.dictionaries(
+    st.sampled_from(["device", "stream", "correlation", "External id", "external id", "bytes", "cuda_sync_kind",
+                     "wait_on_cuda_event_id", "event", "Collective name", "Process Group Name", "Process Group Ranks",
+                     "Group size", "In msg nelems", "dtype", "Seq", "seq", "Input Dims", "Ev Idx"]),
+    st.one_of(st.integers(-(2**63), 2**63 - 1), _odd), max_size=6,
+)
+_event = st.fixed_dictionaries(
+    {},
+    optional={
+        "ph": st.one_of(st.sampled_from(["X", "X", "X", "s", "f", "t", "i", "I", "M", "C"]), _odd),
+        "cat": st.one_of(st.sampled_from(["kernel", "cpu_op", "cuda_runtime", "Kernel", "gpu_memcpy", "cuda_sync",
+                                          "user_annotation", "gpu_user_annotation", "ac2g", "python_function"]), _odd),
+        "name": st.one_of(st.sampled_from(["aten::mm", "record_param_comms", "nccl:all_reduce", "gloo:broadcast",
+                                           "cudaLaunchKernel", "ProfilerStep#3", "ncclDevKernel_AllReduce_Sum_f32",
+                                           "Memcpy DtoH (Device -> Pageable)", "na\u00efve \u2713 \"q\" \\ /"]), _odd),
+        "pid": st.one_of(st.integers(0, 2**31), _odd),
+        "tid": st.one_of(st.integers(0, 2**31), _odd),
+        "ts": _num, "dur": _num, "id": st.one_of(st.integers(0, 10**6), _odd),
+        "args": st.one_of(_args, st.none()),
+        "extra": _odd,
+    },
+)
+
+
+# What profilers write: the scanner must take every such chunk itself, not decline it.
+_i64 = st.integers(-(2**63), 2**63 - 1)
+_plain_event = st.fixed_dictionaries(
+    {"ph": st.sampled_from(["X", "X", "X", "s", "f", "i"]), "ts": st.one_of(st.integers(0, 2**60), st.floats(-1e16, 1e16))},
+    optional={
+        "cat": st.one_of(st.sampled_from(["kernel", "cpu_op", "cuda_runtime", "gpu_memcpy", "cuda_sync", "ac2g",
+                                          "gpu_user_annotation"]), _text, st.none()),
+        "name": st.one_of(st.sampled_from(["aten::mm", "record_param_comms", "nccl:all_reduce", "cudaLaunchKernel",
+                                           "ProfilerStep#3", "ncclDevKernel_AllReduce_Sum_f32"]), _text),
+        "pid": st.one_of(_i64, st.sampled_from(["Spans", "Traces", "12", "-4", "0", "stream 7", ""])),
+        "tid": st.one_of(_i64, st.sampled_from(["PyTorch Profiler", "3", "-1"])),
+        "dur": st.one_of(st.integers(0, 10**9), st.floats(0, 1e9), st.none()),
+        "id": st.one_of(_i64, st.none()),
+        "args": st.one_of(st.none(), st.dictionaries(
+            st.sampled_from(["device", "stream", "correlation", "External id", "external id", "bytes",
+                             "wait_on_cuda_event_id", "event"]), st.one_of(_i64, st.none()), max_size=4)
+            | st.fixed_dictionaries({"cuda_sync_kind": st.sampled_from(["Stream Synchronize", "Event Sync"]),
+                                     "Collective name": _text, "Process Group Ranks": st.lists(_i64, max_size=3),
+                                     "Input Dims": st.lists(st.lists(st.integers(0, 9), max_size=2), max_size=2)})),
+        "extra": st.one_of(_text, st.floats(allow_nan=False, allow_infinity=False), st.integers(-(2**80), 2**80)),
+    },
+)
+
+
+def _tables(acc: kineto._Acc) -> dict:
+    return {b: acc.frame(b) for b in kineto._BUCKET_COLS}
+
+
+def _both(buf: bytes) -> tuple:
+    """The scanner's and msgspec's reading of one chunk: (accumulator or the exception, scanned?)."""
+    out = []
+    for use in (True, False):
+        kineto._USE_KSCAN = use
+        acc = kineto._Acc()
+        try:
+            kineto._decode_chunk(bytearray(buf), len(buf), acc, 0)
+            out.append(acc)
+        except Exception as e:
+            out.append(type(e).__name__)
+    kineto._USE_KSCAN = kineto._kscan is not None
+    return out[0], out[1], _kscan.scan(bytearray(buf), len(buf)) is not None
+
+
+def _agree(a, b) -> None:
+    if isinstance(a, str) or isinstance(b, str):
+        assert a == b
+        return
+    ta, tb = _tables(a), _tables(b)
+    for k in ta:
+        if ta[k] is None or tb[k] is None:
+            assert ta[k] is None and tb[k] is None, k
+        else:
+            assert_frame_equal(ta[k], tb[k], check_exact=True)
+    assert (a.coll_args, a.skipped, a.n_events, a.n_instant, a.mtia, a.ids.strings) == (
+        b.coll_args, b.skipped, b.n_events, b.n_instant, b.mtia, b.ids.strings)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_plain_event, max_size=12), st.sampled_from([None, 2]), st.booleans())
+def test_plain_events_are_scanned_and_read_the_same(events, indent, ascii_only):
+    raw = json.dumps(events, indent=indent, ensure_ascii=ascii_only).encode()
+    scanned, general, took = _both(raw)
+    assert took
+    _agree(scanned, general)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_event, max_size=12), st.sampled_from([None, 1, 2]), st.booleans())
+def test_generated_events_read_the_same_either_way(events, indent, ascii_only):
+    raw = json.dumps(events, indent=indent, ensure_ascii=ascii_only).encode()
+    scanned, general, took = _both(raw)
+    _agree(scanned, general)
+
+
+def test_odd_values_are_declined_not_misread():
+    """Values the scanner does not read itself go to msgspec's path: the chunk is declined."""
+    for odd in ['{"ph": "X", "ts": "12.5"}', '{"ph": "X", "pid": 1.5}', '{"ph": 1}', '{"ph": "X", "ts": 1e400}',
+                '{"ph": "X", "args": {"device": "0"}}', '{"ph": "X", "args": {"stream": true}}',
+                '{"ph": "X", "id": "0x1f"}', '{"ph": "X", "pid": "007"}', '{"ph": "X", "ts": 99999999999999999999}',
+                '{"p\\u0068": "X"}', '{"ph": "X", "name": "\\ud800"}', '{"ph": "X", "args": []}',
+                '{"ph": "X", "name": "a\x01b"}', '[1]', '{"ph": "X"} x']:
+        buf = bytearray(("[" + odd + "]").encode())
+        assert _kscan.scan(buf, len(buf)) is None, odd
+
+
+def test_values_the_scanner_reads_itself():
+    buf = bytearray(json.dumps([
+        {"ph": "X", "cat": "kernel", "name": "k\u00e9", "pid": "Spans", "tid": "-7", "ts": 1.0005, "dur": 3,
+         "args": {"External id": None, "external id": 5, "event": 9, "Collective name": "allreduce"}},
+        {"ph": "X", "ts": 1669783687471392, "extra": [[1, {"a": [2.5e-3, None]}]]},
+    ]).encode())
+    n, strings, cols = _kscan.scan(buf, len(buf))
+    assert n == 2
+    assert strings == ["X", "kernel", "k\u00e9", "Spans"]
+    i64 = lambda name, row: int.from_bytes(cols[name][0][8 * row : 8 * row + 8], "little", signed=True)
+    assert i64("tid", 0) == -7 and i64("ts", 0) == 1000 + 0 and i64("dur", 0) == 3000
+    assert i64("ts", 1) == 1669783687471392000 and i64("dur", 1) == 0
+    assert i64("external_id", 0) == 5 and i64("event", 0) == 9
+    lo, hi = i64("args_start", 0), i64("args_end", 0)
+    assert json.loads(buf[lo:hi])["Collective name"] == "allreduce"
+    assert cols["args_start"][2] == 1  # the second event's args hold no collective key
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_damaged_bytes_never_crash_and_never_disagree(data):
+    base = json.dumps([
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 2, "ts": 10.5, "dur": 2,
+         "args": {"External id": 3, "Input Dims": [[8, 512], []], "Collective name": "broadcast"}},
+        {"ph": "s", "cat": "ac2g", "id": 7, "pid": 1, "tid": 2, "ts": 11},
+        {"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce", "pid": 0, "tid": 7, "ts": 12.25, "dur": 1.5,
+         "args": {"device": 0, "stream": 7, "correlation": 9}},
+    ], indent=2).encode()
+    buf = bytearray(base)
+    for _ in range(data.draw(st.integers(1, 4))):
+        op = data.draw(st.sampled_from(["set", "cut", "dup"]))
+        i = data.draw(st.integers(0, len(buf) - 1))
+        if op == "set":
+            buf[i] = data.draw(st.integers(0, 255))
+        elif op == "cut":
+            del buf[i : i + data.draw(st.integers(1, 8))]
+        else:
+            buf[i:i] = buf[i : i + data.draw(st.integers(1, 8))]
+        if not buf:
+            return
+    scanned, general, took = _both(bytes(buf))
+    if took and not isinstance(general, str):
+        _agree(scanned, general)
+
+
+def test_nest_matches_the_python_sweep():
+    rng = __import__("random").Random(7)
+    rows = []
+    for tid in range(3):
+        t = 0
+        for _ in range(400):
+            t += rng.choice([0, 0, 1, 5])
+            rows.append({"pid": 1, "tid": tid, "ts": t if rng.random() > 0.02 else None,
+                         "end": t + rng.choice([0, 1, 3, 20, 100])})
+    df = pl.DataFrame(rows).with_row_index("id").with_columns(pl.col("id").cast(pl.Int64))
+    got = kineto._nest(df)
+    orig = kineto._USE_KSCAN
+    try:
+        kineto._USE_KSCAN = False
+        want = kineto._nest(df)
+    finally:
+        kineto._USE_KSCAN = orig
+    assert got[0].to_list() == want[0].to_list() and got[1].to_list() == want[1].to_list()
+    assert got[1].max() >= 3  # really nested

@@ -1,0 +1,923 @@
+/* Kineto chunk scanner: one JSON array of trace events -> the columns traceql's tables need, without making a
+ * Python object per event.
+ *
+ * scan(buffer, length) reads buffer[:length], which must be a JSON array of event objects, and returns
+ * (n, strings, columns), or None when anything in the chunk is outside what this scanner takes on
+ * (a value of an unexpected type, a key with escapes, an int beyond int64, invalid JSON, raw control characters,
+ * invalid UTF-8...). None is not an error: the caller then decodes the chunk with its general (msgspec) path, which
+ * turns every such case into the same tables or into its own error. So this file only has to be exact on what it
+ * accepts, and it accepts the shapes every profiler writes.
+ *
+ * - strings: the distinct string values of the chunk (ph, cat, name, non-numeric pid/tid, cuda_sync_kind), decoded;
+ * - columns: name -> (data bytes, validity bitmap bytes or None, null count). String fields are uint32 indexes
+ *   into strings; numbers are int64. ts and dur are converted from microseconds to int64 nanoseconds the way
+ *   kineto._ns does (floats: floor, then the fraction rounded half to even); external_id is "External id", else
+ *   "external id"; event is "wait_on_cuda_event_id", else "event"; pid/tid strings of digits are numbers,
+ *   other pid/tid strings go to pid_s/tid_s;
+ * - columns args_start / args_end: the byte span of the args object of each event whose args hold a collective
+ *   key ("Collective name", "Process Group Name", ...), null for the others, so that the caller can parse the few
+ *   collective calls' args in full.
+ *
+ * Nothing here trusts the input: every read is bounds-checked against length, nesting depth is capped, and the
+ * output only ever grows by appends with checked sizes. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DEPTH 512
+
+typedef struct {
+    const unsigned char *p;
+    const unsigned char *end;
+    const unsigned char *base;
+} Cur;
+
+static inline uint64_t load64(const unsigned char *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+/* bytes of x that are '"', '\\' or below 0x20 have their high bit set in the result (exact for bytes < 0x80;
+ * bytes >= 0x80 may be flagged too and are then looked at one by one) */
+static inline uint64_t special8(uint64_t x) {
+    uint64_t q = x ^ (ONES * '"'), b = x ^ (ONES * '\\');
+    return ((q - ONES) | (b - ONES) | (x - ONES * 0x20)) & HIGHS;
+}
+
+/* ---- output columns ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject *data_obj;   /* bytearrays, handed to Python without a copy */
+    PyObject *valid_obj;
+    unsigned char *data;  /* int64 or uint32 values */
+    unsigned char *valid; /* validity bitmap, LSB first (Arrow) */
+    Py_ssize_t width;     /* bytes per value */
+    Py_ssize_t nulls;
+} Col;
+
+enum {
+    C_PH, C_CAT, C_NAME, C_PID_S, C_TID_S, C_SYNC_KIND, /* uint32 string codes */
+    C_PID, C_TID, C_TS, C_DUR, C_FLOW_ID, C_DEVICE, C_STREAM, C_CORRELATION, C_EXTERNAL_ID, C_BYTES, C_EVENT,
+    C_ARGS_START, C_ARGS_END,
+    N_COLS
+};
+#define N_STR_COLS 6
+static const char *COL_NAMES[N_COLS] = {
+    "ph", "cat", "name", "pid_s", "tid_s", "sync_kind",
+    "pid", "tid", "ts", "dur", "flow_id", "device", "stream", "correlation", "external_id", "bytes", "event",
+    "args_start", "args_end",
+};
+
+/* ---- string interning (per chunk) ---------------------------------------------------------------------------- */
+
+typedef struct {
+    uint64_t hash;
+    Py_ssize_t off; /* raw (escaped) bytes in the buffer */
+    Py_ssize_t len;
+    uint32_t code;
+    int used;
+} Slot;
+
+typedef struct {
+    Slot *slots;
+    Py_ssize_t cap; /* power of two */
+    Py_ssize_t count;
+    PyObject *list; /* decoded str objects, by code */
+} Intern;
+
+typedef struct {
+    Cur c;
+    Intern in;
+    Col cols[N_COLS];
+    Py_ssize_t n, cap;
+    char *tmp; /* scratch for unescaping */
+    Py_ssize_t tmp_cap;
+    int bail; /* set: the input is outside this scanner's remit */
+    int oom;
+} Scan;
+
+static uint64_t hash_bytes(const unsigned char *s, Py_ssize_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        h ^= load64(s + i);
+        h *= 0xFF51AFD7ED558CCDULL;
+        h ^= h >> 32;
+    }
+    uint64_t t = 0;
+    memcpy(&t, s + i, (size_t)(n - i));
+    h ^= t;
+    h *= 0xC4CEB9FE1A85EC53ULL;
+    return h ^ (h >> 29);
+}
+
+static int col_grow(Scan *s, Py_ssize_t hint) {
+    Py_ssize_t ncap = s->cap ? s->cap * 2 : (hint > 4096 ? hint : 4096);
+    if (ncap > (PY_SSIZE_T_MAX / 16)) return -1;
+    for (int i = 0; i < N_COLS; i++) {
+        Col *c = &s->cols[i];
+        if (!c->data_obj) {
+            c->data_obj = PyByteArray_FromStringAndSize(NULL, 0);
+            c->valid_obj = PyByteArray_FromStringAndSize(NULL, 0);
+            if (!c->data_obj || !c->valid_obj) return -1;
+        }
+        if (PyByteArray_Resize(c->data_obj, ncap * c->width) < 0) return -1;
+        if (PyByteArray_Resize(c->valid_obj, (ncap + 7) / 8) < 0) return -1;
+        c->data = (unsigned char *)PyByteArray_AS_STRING(c->data_obj);
+        c->valid = (unsigned char *)PyByteArray_AS_STRING(c->valid_obj);
+        memset(c->data + s->cap * c->width, 0, (size_t)((ncap - s->cap) * c->width)); /* nulls hold 0 */
+        memset(c->valid + (s->cap + 7) / 8, 0, (size_t)((ncap + 7) / 8 - (s->cap + 7) / 8));
+    }
+    s->cap = ncap;
+    return 0;
+}
+
+static inline void set_i64(Scan *s, int col, int64_t v) {
+    Col *c = &s->cols[col];
+    ((int64_t *)c->data)[s->n] = v;
+    c->valid[s->n >> 3] |= (unsigned char)(1u << (s->n & 7));
+}
+
+static inline void set_u32(Scan *s, int col, uint32_t v) {
+    Col *c = &s->cols[col];
+    ((uint32_t *)c->data)[s->n] = v;
+    c->valid[s->n >> 3] |= (unsigned char)(1u << (s->n & 7));
+}
+
+static inline void clear_row(Scan *s, int col) {
+    Col *c = &s->cols[col];
+    memset(c->data + s->n * c->width, 0, (size_t)c->width);
+    c->valid[s->n >> 3] &= (unsigned char)~(1u << (s->n & 7));
+}
+
+/* ---- lexing -------------------------------------------------------------------------------------------------- */
+
+static inline void skip_ws(Cur *c) {
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\n' || *c->p == '\r' || *c->p == '\t')) c->p++;
+}
+
+/* A string starting at c->p (which is '"'): sets its raw span (without quotes) and whether it holds escapes.
+ * Rejects raw control characters and bytes >= 0x80 are left for the UTF-8 decoder. Returns 0, or -1 to bail. */
+static int lex_string(Cur *c, const unsigned char **start, Py_ssize_t *len, int *esc) {
+    const unsigned char *p = c->p + 1;
+    const unsigned char *end = c->end;
+    int e = 0;
+    *start = p;
+    for (;;) {
+        while (end - p >= 8 && !special8(load64(p))) p += 8;
+        if (p >= end) return -1;
+        unsigned char ch = *p;
+        if (ch == '"') {
+            *len = p - *start;
+            *esc = e;
+            c->p = p + 1;
+            return 0;
+        }
+        if (ch == '\\') {
+            e = 1;
+            p += 2; /* the escaped character is validated when decoding */
+            continue;
+        }
+        if (ch < 0x20) return -1;
+        p++;
+    }
+}
+
+static int hexval(unsigned char ch) {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
+}
+
+static int read_hex4(const unsigned char *p, const unsigned char *end, unsigned *out) {
+    if (end - p < 4) return -1;
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        int h = hexval(p[i]);
+        if (h < 0) return -1;
+        v = (v << 4) | (unsigned)h;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Validates the escapes of a raw string span and, when out is not NULL, writes the decoded UTF-8 there (out must
+ * hold len bytes: decoding never grows a JSON string). Returns the decoded length, or -1 (bail). Lone surrogates
+ * are refused. */
+static Py_ssize_t unescape(const unsigned char *s, Py_ssize_t len, char *out) {
+    const unsigned char *p = s, *end = s + len;
+    Py_ssize_t o = 0;
+    while (p < end) {
+        unsigned char ch = *p;
+        if (ch != '\\') {
+            if (out) out[o] = (char)ch;
+            o++;
+            p++;
+            continue;
+        }
+        if (p + 1 >= end) return -1;
+        unsigned char e = p[1];
+        char r;
+        switch (e) {
+        case '"': r = '"'; break;
+        case '\\': r = '\\'; break;
+        case '/': r = '/'; break;
+        case 'b': r = '\b'; break;
+        case 'f': r = '\f'; break;
+        case 'n': r = '\n'; break;
+        case 'r': r = '\r'; break;
+        case 't': r = '\t'; break;
+        case 'u': {
+            unsigned cp;
+            if (read_hex4(p + 2, end, &cp) < 0) return -1;
+            p += 6;
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                unsigned lo;
+                if (end - p < 6 || p[0] != '\\' || p[1] != 'u' || read_hex4(p + 2, end, &lo) < 0) return -1;
+                if (lo < 0xDC00 || lo > 0xDFFF) return -1;
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                p += 6;
+            } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+                return -1;
+            }
+            unsigned char b[4];
+            int nb;
+            if (cp < 0x80) { b[0] = (unsigned char)cp; nb = 1; }
+            else if (cp < 0x800) { b[0] = 0xC0 | (cp >> 6); b[1] = 0x80 | (cp & 0x3F); nb = 2; }
+            else if (cp < 0x10000) { b[0] = 0xE0 | (cp >> 12); b[1] = 0x80 | ((cp >> 6) & 0x3F); b[2] = 0x80 | (cp & 0x3F); nb = 3; }
+            else { b[0] = 0xF0 | (cp >> 18); b[1] = 0x80 | ((cp >> 12) & 0x3F); b[2] = 0x80 | ((cp >> 6) & 0x3F); b[3] = 0x80 | (cp & 0x3F); nb = 4; }
+            if (out) memcpy(out + o, b, (size_t)nb);
+            o += nb;
+            continue;
+        }
+        default: return -1;
+        }
+        if (out) out[o] = r;
+        o++;
+        p += 2;
+    }
+    return o;
+}
+
+/* The code of a string value, interned by its raw bytes. -1: bail (bad escape, bad UTF-8, out of memory). */
+static int64_t intern(Scan *s, const unsigned char *raw, Py_ssize_t len, int esc) {
+    Intern *in = &s->in;
+    if (in->count * 2 >= in->cap) {
+        Py_ssize_t ncap = in->cap ? in->cap * 2 : 1024;
+        Slot *ns = calloc((size_t)ncap, sizeof(Slot));
+        if (!ns) { s->oom = 1; return -1; }
+        for (Py_ssize_t i = 0; i < in->cap; i++) {
+            if (!in->slots[i].used) continue;
+            Py_ssize_t j = (Py_ssize_t)(in->slots[i].hash & (uint64_t)(ncap - 1));
+            while (ns[j].used) j = (j + 1) & (ncap - 1);
+            ns[j] = in->slots[i];
+        }
+        free(in->slots);
+        in->slots = ns;
+        in->cap = ncap;
+    }
+    uint64_t h = hash_bytes(raw, len);
+    Py_ssize_t j = (Py_ssize_t)(h & (uint64_t)(in->cap - 1));
+    while (in->slots[j].used) {
+        Slot *sl = &in->slots[j];
+        if (sl->hash == h && sl->len == len && memcmp(s->c.base + sl->off, raw, (size_t)len) == 0) return sl->code;
+        j = (j + 1) & (in->cap - 1);
+    }
+    PyObject *str;
+    if (esc) {
+        if (len > s->tmp_cap) {
+            char *t = realloc(s->tmp, (size_t)len + 1);
+            if (!t) { s->oom = 1; return -1; }
+            s->tmp = t;
+            s->tmp_cap = len;
+        }
+        Py_ssize_t n = unescape(raw, len, s->tmp);
+        if (n < 0) return -1;
+        str = PyUnicode_DecodeUTF8(s->tmp, n, "strict");
+    } else {
+        str = PyUnicode_DecodeUTF8((const char *)raw, len, "strict");
+    }
+    if (!str) {
+        PyErr_Clear(); /* invalid UTF-8: the general path decides */
+        return -1;
+    }
+    if (in->count >= UINT32_MAX - 1 || PyList_Append(in->list, str) < 0) {
+        Py_DECREF(str);
+        PyErr_Clear();
+        s->oom = 1;
+        return -1;
+    }
+    Py_DECREF(str);
+    Slot *sl = &in->slots[j];
+    sl->used = 1;
+    sl->hash = h;
+    sl->off = raw - s->c.base;
+    sl->len = len;
+    sl->code = (uint32_t)in->count;
+    in->count++;
+    return sl->code;
+}
+
+/* ---- numbers ------------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    int is_int;     /* no fraction, no exponent, and fits int64 */
+    int64_t i;
+    double d;
+} Num;
+
+static const double POW10[23] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                                 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* A JSON number at c->p, validated against the grammar. Integers that overflow int64 bail (the general path keeps
+ * them as Python ints and nulls them later; they never occur in real traces). Doubles are correctly rounded: the
+ * exact fast path (mantissa < 2^53, |exponent| <= 22: one IEEE operation on exact operands), else strtod. */
+static int lex_number(Cur *c, Num *out) {
+    const unsigned char *p = c->p, *end = c->end, *start = p;
+    int neg = 0;
+    if (p < end && *p == '-') { neg = 1; p++; }
+    if (p >= end) return -1;
+    uint64_t mant = 0;
+    int digits = 0, overflow = 0;
+    if (*p == '0') {
+        p++;
+        digits = 1;
+    } else if (*p >= '1' && *p <= '9') {
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (mant > (UINT64_MAX - 9) / 10) overflow = 1;
+            else mant = mant * 10 + (uint64_t)(*p - '0');
+            digits++;
+            p++;
+        }
+    } else {
+        return -1;
+    }
+    int frac_digits = 0, is_int = 1;
+    if (p < end && *p == '.') {
+        is_int = 0;
+        p++;
+        if (p >= end || *p < '0' || *p > '9') return -1;
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (mant > (UINT64_MAX - 9) / 10) overflow = 1;
+            else { mant = mant * 10 + (uint64_t)(*p - '0'); frac_digits++; }
+            p++;
+        }
+    }
+    int exp10 = 0;
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        is_int = 0;
+        p++;
+        int eneg = 0;
+        if (p < end && (*p == '+' || *p == '-')) { eneg = *p == '-'; p++; }
+        if (p >= end || *p < '0' || *p > '9') return -1;
+        int e = 0;
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (e < 100000) e = e * 10 + (*p - '0');
+            p++;
+        }
+        exp10 = eneg ? -e : e;
+    }
+    c->p = p;
+    out->is_int = is_int;
+    if (is_int) {
+        if (overflow || mant > (uint64_t)INT64_MAX + (uint64_t)neg) return -1;
+        out->i = neg ? (int64_t)(0 - mant) : (int64_t)mant;
+        out->d = (double)out->i;
+        return 0;
+    }
+    int e10 = exp10 - frac_digits;
+    if (!overflow && mant < (1ULL << 53) && e10 >= -22 && e10 <= 22) {
+        double v = (double)mant;
+        v = e10 < 0 ? v / POW10[-e10] : v * POW10[e10];
+        out->d = neg ? -v : v;
+        return 0;
+    }
+    char buf[128];
+    Py_ssize_t n = p - start;
+    if (n >= (Py_ssize_t)sizeof(buf)) return -1;
+    memcpy(buf, start, (size_t)n);
+    buf[n] = 0;
+    out->d = strtod(buf, NULL);
+    return isfinite(out->d) ? 0 : -1; /* beyond double: the general path decides */
+}
+
+/* microseconds -> int64 nanoseconds, as kineto._ns: ints exactly, floats by whole and rounded fraction. 0: null. */
+static int us_to_ns(const Num *v, int64_t *ns) {
+    if (v->is_int) {
+        if (v->i >= 9223372036854775LL || v->i <= -9223372036854775LL) return 0;
+        *ns = v->i * 1000;
+        return 1;
+    }
+    double d = v->d;
+    if (!(fabs(d) < 9.2e15)) return 0;
+    double w = floor(d);
+    *ns = (int64_t)w * 1000 + (int64_t)nearbyint((d - w) * 1000.0);
+    return 1;
+}
+
+/* ---- values -------------------------------------------------------------------------------------------------- */
+
+static int skip_value(Cur *c, int depth);
+
+/* A number whose value is not needed: the grammar only. */
+static int skip_number(Cur *c) {
+    const unsigned char *p = c->p, *end = c->end;
+    if (p < end && *p == '-') p++;
+    if (p >= end) return -1;
+    if (*p == '0') p++;
+    else if (*p >= '1' && *p <= '9') while (p < end && *p >= '0' && *p <= '9') p++;
+    else return -1;
+    if (p < end && *p == '.') {
+        p++;
+        if (p >= end || *p < '0' || *p > '9') return -1;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < end && (*p == '+' || *p == '-')) p++;
+        if (p >= end || *p < '0' || *p > '9') return -1;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+    }
+    c->p = p;
+    return 0;
+}
+
+static int lit(Cur *c, const char *word, Py_ssize_t n) {
+    if (c->end - c->p < n || memcmp(c->p, word, (size_t)n) != 0) return -1;
+    c->p += n;
+    return 0;
+}
+
+static int skip_value(Cur *c, int depth) {
+    if (depth > MAX_DEPTH) return -1;
+    skip_ws(c);
+    if (c->p >= c->end) return -1;
+    const unsigned char *s;
+    Py_ssize_t n;
+    int esc;
+    switch (*c->p) {
+    case '"':
+        if (lex_string(c, &s, &n, &esc) < 0) return -1;
+        if (esc && unescape(s, n, NULL) < 0) return -1;
+        return 0;
+    case '{':
+        c->p++;
+        skip_ws(c);
+        if (c->p < c->end && *c->p == '}') { c->p++; return 0; }
+        for (;;) {
+            skip_ws(c);
+            if (c->p >= c->end || *c->p != '"') return -1;
+            if (lex_string(c, &s, &n, &esc) < 0) return -1;
+            if (esc && unescape(s, n, NULL) < 0) return -1;
+            skip_ws(c);
+            if (c->p >= c->end || *c->p != ':') return -1;
+            c->p++;
+            if (skip_value(c, depth + 1) < 0) return -1;
+            skip_ws(c);
+            if (c->p >= c->end) return -1;
+            if (*c->p == ',') { c->p++; continue; }
+            if (*c->p == '}') { c->p++; return 0; }
+            return -1;
+        }
+    case '[':
+        c->p++;
+        skip_ws(c);
+        if (c->p < c->end && *c->p == ']') { c->p++; return 0; }
+        for (;;) {
+            if (skip_value(c, depth + 1) < 0) return -1;
+            skip_ws(c);
+            if (c->p >= c->end) return -1;
+            if (*c->p == ',') { c->p++; continue; }
+            if (*c->p == ']') { c->p++; return 0; }
+            return -1;
+        }
+    case 't': return lit(c, "true", 4);
+    case 'f': return lit(c, "false", 5);
+    case 'n': return lit(c, "null", 4);
+    default:
+        return skip_number(c);
+    }
+}
+
+static inline int is_null(Cur *c) {
+    return c->end - c->p >= 4 && memcmp(c->p, "null", 4) == 0;
+}
+
+/* A string field -> its code; null -> null; anything else bails. */
+static int field_str(Scan *s, int col) {
+    Cur *c = &s->c;
+    if (c->p < c->end && *c->p == '"') {
+        const unsigned char *raw;
+        Py_ssize_t n;
+        int esc;
+        if (lex_string(c, &raw, &n, &esc) < 0) return -1;
+        int64_t code = intern(s, raw, n, esc);
+        if (code < 0) return -1;
+        set_u32(s, col, (uint32_t)code);
+        return 0;
+    }
+    if (is_null(c)) { c->p += 4; clear_row(s, col); return 0; }
+    return -1;
+}
+
+/* An integer or null at c->p: *present says which. Floats, strings, bools... bail. */
+static int read_int(Cur *c, int *present, int64_t *v) {
+    if (is_null(c)) { c->p += 4; *present = 0; return 0; }
+    if (c->p < c->end && (*c->p == '-' || (*c->p >= '0' && *c->p <= '9'))) {
+        Num num;
+        if (lex_number(c, &num) < 0 || !num.is_int) return -1;
+        *present = 1;
+        *v = num.i;
+        return 0;
+    }
+    return -1;
+}
+
+/* An integer field; null -> null. */
+static int field_int(Scan *s, int col) {
+    int present;
+    int64_t v;
+    if (read_int(&s->c, &present, &v) < 0) return -1;
+    if (present) set_i64(s, col, v);
+    else clear_row(s, col);
+    return 0;
+}
+
+/* A time field (microseconds) -> nanoseconds. */
+static int field_time(Scan *s, int col) {
+    Cur *c = &s->c;
+    if (is_null(c)) { c->p += 4; clear_row(s, col); return 0; }
+    if (c->p < c->end && (*c->p == '-' || (*c->p >= '0' && *c->p <= '9'))) {
+        Num v;
+        int64_t ns;
+        if (lex_number(c, &v) < 0) return -1;
+        if (us_to_ns(&v, &ns)) set_i64(s, col, ns);
+        else clear_row(s, col);
+        return 0;
+    }
+    return -1;
+}
+
+/* pid / tid: an int; a string of ASCII digits (one optional leading '-', no leading zero) is that number; another
+ * string is a name (the _s column). Anything else bails. */
+static int field_id(Scan *s, int col, int name_col) {
+    Cur *c = &s->c;
+    if (c->p < c->end && *c->p == '"') {
+        const unsigned char *raw;
+        Py_ssize_t n;
+        int esc;
+        if (lex_string(c, &raw, &n, &esc) < 0) return -1;
+        if (esc) return -1;
+        Py_ssize_t i = 0;
+        while (i < n && raw[i] == '-') i++;
+        int all_digits = i < n;
+        for (Py_ssize_t k = i; k < n; k++) {
+            if (raw[k] >= 0x80) return -1; /* non-ASCII: str.isdigit knows other digits */
+            if (raw[k] < '0' || raw[k] > '9') all_digits = 0;
+        }
+        if (all_digits) {
+            if (i > 1 || (raw[i] == '0' && n - i > 1) || n - i > 18) return -1;
+            int64_t v = 0;
+            for (Py_ssize_t k = i; k < n; k++) v = v * 10 + (raw[k] - '0');
+            set_i64(s, col, i ? -v : v);
+            clear_row(s, name_col);
+            return 0;
+        }
+        int64_t code = intern(s, raw, n, 0);
+        if (code < 0) return -1;
+        clear_row(s, col);
+        set_u32(s, name_col, (uint32_t)code);
+        return 0;
+    }
+    clear_row(s, name_col);
+    return field_int(s, col);
+}
+
+/* ---- events -------------------------------------------------------------------------------------------------- */
+
+#define KEY(lit_) (n == (Py_ssize_t)(sizeof(lit_) - 1) && memcmp(k, lit_, sizeof(lit_) - 1) == 0)
+
+static int is_coll_key(const unsigned char *k, Py_ssize_t n) {
+    return KEY("Collective name") || KEY("Process Group Name") || KEY("Process Group Description") ||
+           KEY("Process Group Ranks") || KEY("Group size") || KEY("In msg nelems") || KEY("Out msg nelems") ||
+           KEY("dtype") || KEY("Seq") || KEY("seq") || KEY("seq_num") || KEY("Seq num") || KEY("sequence_number");
+}
+
+/* The args object at c->p. ext2 / wait_event hold the second choices until the event is done. */
+static int parse_args(Scan *s, int *ext2_set, int64_t *ext2, int *ev2_set, int64_t *ev2) {
+    Cur *c = &s->c;
+    const unsigned char *start = c->p;
+    int coll = 0;
+    c->p++;
+    skip_ws(c);
+    if (c->p < c->end && *c->p == '}') {
+        c->p++;
+        return 0;
+    }
+    for (;;) {
+        skip_ws(c);
+        if (c->p >= c->end || *c->p != '"') return -1;
+        const unsigned char *k;
+        Py_ssize_t n;
+        int esc;
+        if (lex_string(c, &k, &n, &esc) < 0 || esc) return -1;
+        skip_ws(c);
+        if (c->p >= c->end || *c->p != ':') return -1;
+        c->p++;
+        skip_ws(c);
+        int r = 1; /* 1: not a field of ours */
+        switch (n) {
+        case 5:
+            if (KEY("bytes")) r = field_int(s, C_BYTES);
+            else if (KEY("event")) r = read_int(c, ev2_set, ev2); /* second choices, applied at the end */
+            break;
+        case 6:
+            if (KEY("device")) r = field_int(s, C_DEVICE);
+            else if (KEY("stream")) r = field_int(s, C_STREAM);
+            break;
+        case 11:
+            if (KEY("correlation")) r = field_int(s, C_CORRELATION);
+            else if (KEY("External id")) r = field_int(s, C_EXTERNAL_ID);
+            else if (KEY("external id")) r = read_int(c, ext2_set, ext2);
+            break;
+        case 14:
+            if (KEY("cuda_sync_kind")) r = field_str(s, C_SYNC_KIND);
+            break;
+        case 21:
+            if (KEY("wait_on_cuda_event_id")) r = field_int(s, C_EVENT);
+            break;
+        }
+        if (r == 1) {
+            if (!coll && is_coll_key(k, n)) coll = 1;
+            r = skip_value(c, 1);
+        }
+        if (r < 0) return -1;
+        skip_ws(c);
+        if (c->p >= c->end) return -1;
+        if (*c->p == ',') { c->p++; continue; }
+        if (*c->p == '}') { c->p++; break; }
+        return -1;
+    }
+    if (coll) {
+        set_i64(s, C_ARGS_START, start - c->base);
+        set_i64(s, C_ARGS_END, c->p - c->base);
+    }
+    return 0;
+}
+
+static int parse_event(Scan *s) {
+    Cur *c = &s->c;
+    if (s->n >= s->cap && col_grow(s, (c->end - c->base) / 192) < 0) { s->oom = 1; return -1; }
+    /* row n is all null and zero: rows are appended once, and growth zeroes them */
+    set_i64(s, C_DUR, 0); /* dur defaults to 0 when absent */
+    int ext2_set = 0, ev2_set = 0;
+    int64_t ext2 = 0, ev2 = 0;
+    if (c->p >= c->end || *c->p != '{') return -1;
+    c->p++;
+    skip_ws(c);
+    if (c->p < c->end && *c->p == '}') {
+        c->p++;
+    } else {
+        for (;;) {
+            skip_ws(c);
+            if (c->p >= c->end || *c->p != '"') return -1;
+            const unsigned char *k;
+            Py_ssize_t n;
+            int esc;
+            if (lex_string(c, &k, &n, &esc) < 0 || esc) return -1;
+            skip_ws(c);
+            if (c->p >= c->end || *c->p != ':') return -1;
+            c->p++;
+            skip_ws(c);
+            int r = 1; /* 1: not a field of ours */
+            switch (n) { /* by length, then bytes: most keys are one of these */
+            case 2:
+                if (k[0] == 'p' && k[1] == 'h') r = field_str(s, C_PH);
+                else if (k[0] == 't' && k[1] == 's') r = field_time(s, C_TS);
+                else if (k[0] == 'i' && k[1] == 'd') r = field_int(s, C_FLOW_ID);
+                break;
+            case 3:
+                if (!memcmp(k, "cat", 3)) r = field_str(s, C_CAT);
+                else if (!memcmp(k, "pid", 3)) r = field_id(s, C_PID, C_PID_S);
+                else if (!memcmp(k, "tid", 3)) r = field_id(s, C_TID, C_TID_S);
+                else if (!memcmp(k, "dur", 3)) r = field_time(s, C_DUR);
+                break;
+            case 4:
+                if (!memcmp(k, "name", 4)) r = field_str(s, C_NAME);
+                else if (!memcmp(k, "args", 4)) {
+                    if (is_null(c)) {
+                        c->p += 4;
+                        r = 0;
+                    } else if (c->p < c->end && *c->p == '{') {
+                        /* a repeated args key replaces the first one whole */
+                        for (int i = C_DEVICE; i < N_COLS; i++) clear_row(s, i);
+                        clear_row(s, C_SYNC_KIND);
+                        ext2_set = ev2_set = 0;
+                        r = parse_args(s, &ext2_set, &ext2, &ev2_set, &ev2);
+                    } else {
+                        r = -1;
+                    }
+                }
+                break;
+            }
+            if (r == 1) r = skip_value(c, 1);
+            if (r < 0) return -1;
+            skip_ws(c);
+            if (c->p >= c->end) return -1;
+            if (*c->p == ',') { c->p++; continue; }
+            if (*c->p == '}') { c->p++; break; }
+            return -1;
+        }
+    }
+    Col *e = &s->cols[C_EXTERNAL_ID];
+    if (ext2_set && !((e->valid[s->n >> 3] >> (s->n & 7)) & 1)) set_i64(s, C_EXTERNAL_ID, ext2);
+    Col *v = &s->cols[C_EVENT];
+    if (ev2_set && !((v->valid[s->n >> 3] >> (s->n & 7)) & 1)) set_i64(s, C_EVENT, ev2);
+    s->n++;
+    return 0;
+}
+
+static int scan_array(Scan *s) {
+    Cur *c = &s->c;
+    skip_ws(c);
+    if (c->p >= c->end || *c->p != '[') return -1;
+    c->p++;
+    skip_ws(c);
+    if (c->p < c->end && *c->p == ']') {
+        c->p++;
+    } else {
+        for (;;) {
+            skip_ws(c);
+            if (parse_event(s) < 0) return -1;
+            skip_ws(c);
+            if (c->p >= c->end) return -1;
+            if (*c->p == ',') { c->p++; continue; }
+            if (*c->p == ']') { c->p++; break; }
+            return -1;
+        }
+    }
+    skip_ws(c);
+    return c->p == c->end ? 0 : -1;
+}
+
+/* ---- module -------------------------------------------------------------------------------------------------- */
+
+static void scan_free(Scan *s) {
+    for (int i = 0; i < N_COLS; i++) {
+        Py_XDECREF(s->cols[i].data_obj);
+        Py_XDECREF(s->cols[i].valid_obj);
+    }
+    free(s->in.slots);
+    free(s->tmp);
+    Py_XDECREF(s->in.list);
+}
+
+static PyObject *col_tuple(Scan *s, int i) {
+    Col *c = &s->cols[i];
+    Py_ssize_t n = s->n, set = 0, nb = n / 8;
+    if (!c->data_obj) return Py_BuildValue("(y#On)", "", (Py_ssize_t)0, Py_None, n); /* no rows */
+    for (Py_ssize_t b = 0; b < nb; b++) set += __builtin_popcount(c->valid[b]);
+    for (Py_ssize_t r = nb * 8; r < n; r++) set += (c->valid[r >> 3] >> (r & 7)) & 1;
+    Py_ssize_t nulls = n - set;
+    if (PyByteArray_Resize(c->data_obj, n * c->width) < 0) return NULL;
+    if (PyByteArray_Resize(c->valid_obj, (n + 7) / 8) < 0) return NULL;
+    PyObject *valid = nulls ? c->valid_obj : Py_None;
+    return Py_BuildValue("(OOn)", c->data_obj, valid, nulls);
+}
+
+static PyObject *kscan_scan(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t length;
+    if (!PyArg_ParseTuple(args, "y*n", &view, &length)) return NULL;
+    if (length < 0 || length > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "length out of range");
+        return NULL;
+    }
+    Scan s;
+    memset(&s, 0, sizeof(s));
+    s.c.base = (const unsigned char *)view.buf;
+    s.c.p = s.c.base;
+    s.c.end = s.c.base + length;
+    for (int i = 0; i < N_COLS; i++) s.cols[i].width = i < N_STR_COLS ? 4 : 8;
+    s.in.list = PyList_New(0);
+    PyObject *result = NULL;
+    if (!s.in.list) goto done;
+    int r = scan_array(&s);
+    if (s.oom) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (r < 0) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *cols = PyDict_New();
+    if (!cols) goto done;
+    for (int i = 0; i < N_COLS; i++) {
+        PyObject *t = col_tuple(&s, i);
+        if (!t || PyDict_SetItemString(cols, COL_NAMES[i], t) < 0) {
+            Py_XDECREF(t);
+            Py_DECREF(cols);
+            goto done;
+        }
+        Py_DECREF(t);
+    }
+    result = Py_BuildValue("(nON)", s.n, s.in.list, cols);
+done:
+    scan_free(&s);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* nest(ts, end, flags, rows, n) -> (parent, depth): the host-op nesting sweep of kineto._nest over intervals sorted
+ * by (pid, tid, ts, -end). ts/end: int64; flags: uint8 (1: first row of a thread, 2: ts is null); rows: uint32, the
+ * original row of each sorted one. parent: int64 per original row, -1 for none; depth: int32. */
+static PyObject *kscan_nest(PyObject *self, PyObject *args) {
+    Py_buffer bts, bend, bflags, brows;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*n", &bts, &bend, &bflags, &brows, &n)) return NULL;
+    PyObject *result = NULL;
+    int64_t *stack = NULL; /* triples: end, start, row */
+    if (n < 0 || bts.len < n * 8 || bend.len < n * 8 || bflags.len < n || brows.len < n * 4) {
+        PyErr_SetString(PyExc_ValueError, "buffers shorter than n");
+        goto out;
+    }
+    PyObject *parent = PyBytes_FromStringAndSize(NULL, n * 8);
+    PyObject *depth = PyBytes_FromStringAndSize(NULL, n * 4);
+    if (!parent || !depth) {
+        Py_XDECREF(parent);
+        Py_XDECREF(depth);
+        goto out;
+    }
+    int64_t *par = (int64_t *)PyBytes_AS_STRING(parent);
+    int32_t *dep = (int32_t *)PyBytes_AS_STRING(depth);
+    const int64_t *ts = bts.buf, *end = bend.buf;
+    const uint8_t *flags = bflags.buf;
+    const uint32_t *rows = brows.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        par[i] = -1;
+        dep[i] = 0;
+    }
+    Py_ssize_t top = 0, cap = 0;
+    int bad = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (flags[k] & 1) top = 0;
+        if (flags[k] & 2) continue;
+        int64_t t = ts[k];
+        while (top && stack[3 * (top - 1)] <= t && stack[3 * (top - 1) + 1] != t) top--;
+        uint32_t r = rows[k];
+        if (r >= (uint64_t)n) { bad = 1; break; }
+        if (top) {
+            par[r] = stack[3 * (top - 1) + 2];
+            dep[r] = (int32_t)(top > INT32_MAX ? INT32_MAX : top);
+        }
+        if (top == cap) {
+            Py_ssize_t ncap = cap ? cap * 2 : 256;
+            int64_t *ns = realloc(stack, (size_t)ncap * 3 * sizeof(int64_t));
+            if (!ns) { bad = 2; break; }
+            stack = ns;
+            cap = ncap;
+        }
+        stack[3 * top] = end[k];
+        stack[3 * top + 1] = t;
+        stack[3 * top + 2] = r;
+        top++;
+    }
+    if (bad) {
+        Py_DECREF(parent);
+        Py_DECREF(depth);
+        if (bad == 2) PyErr_NoMemory();
+        else PyErr_SetString(PyExc_ValueError, "row index out of range");
+        goto out;
+    }
+    result = Py_BuildValue("(NN)", parent, depth);
+out:
+    free(stack);
+    PyBuffer_Release(&bts);
+    PyBuffer_Release(&bend);
+    PyBuffer_Release(&bflags);
+    PyBuffer_Release(&brows);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"nest", kscan_nest, METH_VARARGS,
+     "nest(ts, end, flags, rows, n) -> (parent, depth): the per-thread nesting sweep over sorted intervals."},
+    {"scan", kscan_scan, METH_VARARGS,
+     "scan(buffer, length) -> (n, strings, columns) | None: the columns of a JSON array of Kineto events."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kscan", "Kineto chunk scanner (see _kscan.c).", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__kscan(void) { return PyModule_Create(&module); }
