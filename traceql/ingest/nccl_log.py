@@ -1,9 +1,13 @@
 """NCCL_DEBUG=INFO logs and ProcessGroupNCCL messages -> nccl_comms and nccl_events.
 
-The file is streamed line by line (logs can be gigabytes): a cheap substring test drops foreign lines, then one
-compiled pattern per wording variant classifies the rest. `parse_line` is pure and is what the tests pin; `read`
-keeps the little state a log needs (which communicator an init line belongs to, which WARN a return-code trail
-continues, which line follows "Last error:").
+The file is streamed in 1 MiB blocks, decoded and split into lines once per block (logs can be gigabytes): a cheap
+substring test drops foreign lines, then one compiled pattern per wording variant classifies the rest. `parse_line` is
+pure and is what the tests pin; `read` keeps the little state a log needs (which communicator an init line belongs to,
+which WARN a return-code trail continues, which line follows "Last error:"). For the lines a big log is made of
+(`... [dev] NCCL INFO text`: COLL lines, channels, rings, transports) `read` takes parse_line's result by a shorter
+way: the part up to "] NCCL INFO " is parsed once per distinct prefix, the text's classification once per distinct
+text, COLL lines are recognised by their head alone, and the launcher rank and timestamp are looked up only where an
+event or a new communicator keeps them. benchmarks/nccl_log.py times it.
 
 The NCCL core grammar is `host:pid:tid [cudaDev] [file:line] NCCL INFO|WARN text`, behind whatever prefix a
 launcher adds (`[rank3]:`, mpirun `[1,3]<stdout>:`, `--tag-output` `[3] `, timestamps, pod names), so it is
@@ -12,6 +16,7 @@ searched anywhere in the line. NCCL >= 2.26 may print `[date time] host [dev]` w
 
 from __future__ import annotations
 
+import codecs
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -46,6 +51,23 @@ _CORE = re.compile(
     r"(?P<host>[^\s:\[\]]+)(?::(?P<pid>\d+):(?P<tid>\d+))? \[(?P<dev>\d+)\] "
     r"(?:(?P<src>[\w./-]+:\d+) )?NCCL (?P<level>INFO|WARN|TRACE|ABORT)\b ?(?P<text>.*)"
 )
+# What every _CORE match holds from its "[dev]" on: a literal-led pattern the regex engine finds fast, so that lines
+# without it skip _CORE, whose search is quadratic on long lines that do not match (PyTorch env dumps, tracebacks).
+_CORE_TAIL = re.compile(r"\] (?:[\w./-]+:\d+ )?NCCL (?:INFO|WARN|TRACE|ABORT)")
+
+
+def _core(line: str) -> re.Match | None:
+    """_CORE.search(line), started where a match can begin: the head before "] " holds one blank (before "[dev]"),
+    so no match starts before the second blank left of the first _CORE_TAIL."""
+    t = _CORE_TAIL.search(line)
+    if t is None:
+        return None
+    b = line.rfind(" ", 0, t.start())
+    if b > 0:
+        b = line.rfind(" ", 0, b) + 1
+    return _CORE.search(line, max(b, 0))
+
+
 # Core without host (a bare "init.cc:1247 NCCL WARN ..." as old releases or a stripped excerpt show it).
 _BARE = re.compile(r"(?:^|\s)(?:(?P<src>[\w./-]+\.(?:cc|c|h|cpp|cu):\d+) )?NCCL (?P<level>INFO|WARN) (?P<text>.*)")
 
@@ -147,9 +169,11 @@ _DESYNC_MISSING = re.compile(r"ranks \[([\d, ]*)\] are the lagging ranks that ca
 _DESYNC_JOINED = re.compile(r"\[([\d, ]*)\] joined but didn't finish collective #(\d+)")
 _DESYNC_FINISHED = re.compile(r"\[([\d, ]*)\] finished collective #(\d+), but didn't join collective #(\d+)")
 _FR_DISABLED = re.compile(r"FlightRecorder is disabled")
+_GLOG_SRC = re.compile(r"\[?([IWEF])(?:\d{4} [\d:.]+)? ?[\w.]+\.(?:cpp|hpp|h):\d+\]")  # level of a c10d log line
 
 # Cheap prefilter: a line without any of these is foreign (application output, tracebacks).
 _MARKS = ("NCCL", "nccl", "Watchdog", "watchdog", "collective", "Heartbeat", "dump signal", "NET/", "Rank ", "Cuda failure", "terminate called")
+_MARKS_RE = re.compile("|".join(map(re.escape, _MARKS)))  # one search instead of eleven substring tests
 
 # OpType spellings of WorkNCCL -> canonical collective names of the collectives table.
 OP_NAMES = {
@@ -422,7 +446,7 @@ def _pg_text(line: str) -> tuple[str, dict] | None:
         return "desync_report", {"lagging_ranks": _ranks(m.group(1)), "seq": int(m.group(2))}
     if "Detected mismatch between collectives" in line:
         return "collective_mismatch", {}
-    m = _DEPRECATED_ENV.search(line)
+    m = _DEPRECATED_ENV.search(line) if "deprecated" in line else None  # the test spares a slow search
     if m:
         return "warn", {"deprecated_env": m.group(1)}
     if _ABORT.search(line):
@@ -433,7 +457,7 @@ def _pg_text(line: str) -> tuple[str, dict] | None:
         if e:
             f = {"where": e.group(1), "reason": e.group(2), "version": e.group(3)}
         return "error", f
-    m = _NCCL_ERR_NAME.search(line)
+    m = _NCCL_ERR_NAME.search(line) if "nccl" in line else None
     if m:
         return "error", {"code": m.group(1), "reason": m.group(2).strip()}
     m = _CUDA_FAILURE.search(line)
@@ -449,11 +473,11 @@ def _pg_text(line: str) -> tuple[str, dict] | None:
 
 def parse_line(line: str) -> LineFact | None:
     """Classify one log line; None for blank and foreign lines."""
-    if not line or not any(mark in line for mark in _MARKS):
+    if not line or _MARKS_RE.search(line) is None:
         return None
     line = line.rstrip("\r\n")
     rank = _prefix_rank(line)
-    m = _CORE.search(line)
+    m = _core(line)
     if m:
         level, text = m.group("level"), m.group("text")
         kind, fields = _nccl_text(text, level)
@@ -463,10 +487,10 @@ def parse_line(line: str) -> LineFact | None:
     if pg is not None:
         kind, fields = pg
         fields.update(_pg_fields(line))
-        lm = re.search(r"\[?([IWEF])(?:\d{4} [\d:.]+)? ?[\w.]+\.(?:cpp|hpp|h):\d+\]", line)
+        lm = _GLOG_SRC.search(line) if ".cpp:" in line or ".h:" in line or ".hpp:" in line else None
         level = lm.group(1) if lm else ("E" if kind not in ("pg_env", "info") else "I")
         return LineFact(kind, level, rank=rank, text=line.strip(), ts=_ts(line), fields=fields)
-    m = _BARE.search(line)
+    m = _BARE.search(line) if "NCCL INFO " in line or "NCCL WARN " in line else None
     if m:
         level, text = m.group("level"), m.group("text")
         kind, fields = _nccl_text(text, level)
@@ -493,6 +517,7 @@ _EVENT_KINDS = {
     "warn", "error", "ib_error", "net_error", "duplicate_gpu", "collective_mismatch", "watchdog_timeout", "pg_status",
     "dump_signal", "dump", "heartbeat_timeout", "abort", "desync_report", "init_timing", "env", "pg_env", "trail",
 }
+_COMM_KINDS = {"comm_init", "comm_nodes", "init_timing", "transport", "channels", "trees", "ring", "p2p_disabled"}
 _ERROR_KINDS = {"error", "ib_error", "net_error", "duplicate_gpu", "collective_mismatch"}
 
 
@@ -541,6 +566,16 @@ def _events_frame(rows: list[dict]) -> pl.DataFrame:
     return pl.DataFrame(cols, schema=schema)
 
 
+_BLOCK = 1 << 20  # bytes read at a time: lines are cut once per block, never the whole file held
+
+# The INFO lines a large log is made of say nothing the tables keep: NCCL_DEBUG_SUBSYS=COLL prints one per collective
+# ("AllReduce: opCount 1a sendbuff ..."), and most init chatter classifies as "info". No earlier pattern of
+# _nccl_text can match a text that starts like a COLL line except _VERSION, hence the "NCCL version" test beside it.
+_COLL_HEAD = re.compile(r"\w+: opCount ")
+_TEXT_CACHE_MAX = 1 << 14  # distinct INFO texts whose classification is kept (channel, ring and transport lines repeat)
+_UNSET = object()
+
+
 def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
     from traceql.discover import open_maybe_gzip
 
@@ -551,6 +586,119 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
     last_done: dict[tuple, _Comm] = {}  # (host, pid, dev) -> the communicator whose init completed last
     last_warn: dict[tuple, dict] = {}  # (host, pid, tid) -> the WARN event a trail continues
     pid_rank: dict[tuple, tuple[int, int]] = {}  # (host, pid) -> (nranks, rank) of the widest comm seen
+
+    def apply(k, fl, level, host, pid, tid, dev, src, text, ts, rank, line, lineno):
+        """Fold one fact into the state. rank is the launcher-prefix rank, or _UNSET where not yet looked up."""
+        hp = (host, pid)
+        proc = procs.get(hp)
+        if proc is None:
+            proc = procs[hp] = _Process()
+        if k in _COMM_KINDS:
+            dev_key = (host, pid, dev)
+            c = open_comm.get(dev_key)
+            if c is None and k == "init_timing":
+                # NCCL >= 2.23 prints "Init timings" just after "Init COMPLETE": it belongs to that communicator
+                prev = last_done.get(dev_key)
+                if prev is not None and prev.timing is None and (prev.comm_rank, prev.nranks) == (fl["comm_rank"], fl["nranks"]):
+                    prev.init_ms, prev.timing = fl["total_s"] * 1000.0, fl["parts"]
+                    c = prev
+            attached = c is not None and c.complete
+            if attached:
+                pass
+            elif c is None or (k == "comm_init" and c.comm is not None and c.comm != fl["comm"]) or (k == "comm_init" and c.complete):
+                if rank is _UNSET:
+                    rank = _prefix_rank(line)
+                c = _Comm(key=dev_key + (len(done) + len(open_comm),), host=host, pid=pid,
+                          cuda_dev=dev, rank=rank if rank is not None else source.rank, line=lineno)
+                open_comm[dev_key] = c
+            if k == "ring":
+                c.rings.append(" ".join(fl["order"]))
+            elif k == "transport":
+                c.transports.add(fl["via"])
+            elif k == "comm_init":
+                c.comm = fl["comm"]
+                c.comm_id = fl["comm_id"] or c.comm_id
+                c.comm_rank, c.nranks = fl["comm_rank"], fl["nranks"]
+                c.bus_id = fl["bus_id"] or c.bus_id
+                if fl["phase"] == "COMPLETE":
+                    c.complete = True
+                    done.append(open_comm.pop(dev_key))
+                    last_done[dev_key] = c
+                if pid is not None:
+                    prev = pid_rank.get(dev_key)
+                    if prev is None or fl["nranks"] > prev[0]:
+                        pid_rank[dev_key] = (fl["nranks"], fl["comm_rank"])
+                    prev = pid_rank.get(hp)
+                    if prev is None or fl["nranks"] > prev[0]:
+                        pid_rank[hp] = (fl["nranks"], fl["comm_rank"])
+            elif k == "comm_nodes":
+                c.comm = c.comm or fl["comm"]
+                c.nnodes = fl["nnodes"]
+                c.comm_rank, c.nranks = fl["comm_rank"], fl["nranks"]
+            elif k == "init_timing" and not attached:
+                c.init_ms = fl["total_s"] * 1000.0
+                c.timing = fl["parts"]
+                c.comm_rank, c.nranks = fl["comm_rank"], fl["nranks"]
+            elif k == "channels":
+                c.channels = fl["channels"]
+            elif k == "trees":
+                c.trees = fl["trees"]
+            elif k == "p2p_disabled":
+                c.p2p_disabled.append(fl["gpus"])
+        elif k == "version":
+            proc.version = fl["version"]
+        elif k == "env":
+            proc.env[fl["name"]] = fl["value"]
+        elif k == "network":
+            proc.network = fl["network"]
+        elif k == "plugin":
+            if fl.get("plugin"):
+                proc.plugin = fl["plugin"]
+        elif k == "bootstrap":
+            proc.bootstrap_if = fl["iface"]
+        elif k == "net_socket":
+            proc.socket_ifs = fl["ifaces"]
+        elif k == "net_ib":
+            proc.ib_devices = fl["devices"]
+            proc.ib_link = fl.get("link", [])
+        elif k == "gdr":
+            proc.gdr.append(fl)
+        if k == "trail":
+            ev = last_warn.get((host, pid, tid))
+            if ev is not None:
+                ev["_trail"].append(f"{fl['at']} -> {fl['code']}")
+                ev["_code"] = fl["code"]
+                return
+            k = "error"  # a return-code trail with no WARN before it is still an error
+        if k in _EVENT_KINDS:
+            if rank is _UNSET:
+                rank = _prefix_rank(line)
+            detail = dict(fl)
+            if host:
+                detail["host"] = host
+            if pid is not None:
+                detail["pid"] = pid
+            if src:
+                detail["src"] = src
+            ev = {
+                "rank": rank if rank is not None else source.rank, "kind": k, "ts": ts, "line": lineno,
+                "level": level, "pg_name": fl.get("pg_name"), "seq": fl.get("seq"), "op": fl.get("op"),
+                "numel_in": fl.get("numel_in"), "numel_out": fl.get("numel_out"),
+                "timeout_ms": fl.get("timeout_ms"), "ran_ms": fl.get("ran_ms"), "text": text[:2000],
+                "_detail": detail, "_trail": [], "_code": fl.get("code"), "_hp": hp,
+                "_pg_rank": fl.get("pg_rank"),
+            }
+            events.append(ev)
+            if level == "WARN":
+                last_warn[(host, pid, tid)] = ev
+
+    def apply_fact(fact: LineFact, line: str, lineno: int) -> None:
+        apply(fact.kind, fact.fields, fact.level, fact.host, fact.pid, fact.tid, fact.cuda_dev, fact.src, fact.text,
+              fact.ts, fact.rank, line, lineno)
+
+    texts: dict[str, tuple[str, dict]] = {}  # INFO text -> (kind, fields) of _nccl_text (pure), for repeated texts
+    heads: dict[str, tuple] = {}  # line up to "] NCCL INFO " -> (host, pid, tid, dev, (host, pid, dev)) of its match
+    coll_head = _COLL_HEAD.match
     expect_last_error = False
     n_lines = n_facts = 0
     try:
@@ -558,123 +706,103 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
     except OSError as e:
         raise IngestError(f"{path}: cannot open NCCL log ({e.strerror or e}); check the path and permissions") from e
     with f:
-        for lineno, raw in enumerate(f, 1):
-            n_lines += 1
-            line = raw.decode("utf-8", "replace")
-            if expect_last_error:
-                if line.strip():
-                    expect_last_error = False
-                    fact = classify_last_error(line)
-                else:
+        # One incremental decode per block gives what decoding each line would: a sequence cut at a block's end is
+        # completed by the next block, and an invalid one is replaced the same way either side of a newline
+        decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+        rest = ""  # the block's last line, until the next block ends it
+        while True:
+            data = f.read(_BLOCK)
+            chunk = decode(data, not data)
+            if rest:
+                chunk = rest + chunk
+            if not chunk:
+                if data:
+                    continue  # a block that only began a multi-byte character
+                break
+            lines = chunk.split("\n")
+            rest = lines.pop() if data else ""  # at the end of the file, a last line without a newline is a line
+            if not lines:
+                continue
+            has_cr = "\r" in chunk
+            del chunk
+            lineno = n_lines
+            n_lines += len(lines)
+            for line in lines:
+                lineno += 1
+                if expect_last_error:
+                    if line.strip():
+                        expect_last_error = False
+                        fact = classify_last_error(line)
+                        if fact.text.endswith("Last error:"):
+                            expect_last_error = True
+                        n_facts += 1
+                        apply_fact(fact, line, lineno)
                     continue
-            else:
+                i = line.find("] NCCL INFO ")
+                if i >= 0:
+                    # parse_line's first branch for INFO lines, taking only what the fact's kind needs: the launcher
+                    # rank and the timestamp are looked up for events and new communicators, not for every line
+                    if has_cr and line[-1:] == "\r":
+                        line = line.rstrip("\r\n")
+                    i += 12
+                    head = line[:i]
+                    hd = heads.get(head)
+                    if hd is None:
+                        m = _core(line)
+                        # Where the first match ends at the first "] NCCL INFO ", every line with this head has that
+                        # match (an earlier one would sit inside the head; a later one cannot start before it)
+                        if m is not None and m.end("level") == i - 1:
+                            host, pid, tid, dev = m.group("host", "pid", "tid", "dev")
+                            pid = int(pid) if pid else None
+                            hd = (host, pid, int(tid) if tid else None, int(dev), (host, pid, int(dev)))
+                            if len(heads) >= _TEXT_CACHE_MAX:
+                                heads.clear()
+                            heads[head] = hd
+                            # this line is a fact of that process: its entry comes first here, as parse_line's would
+                            if hd[:2] not in procs:
+                                procs[hd[:2]] = _Process()
+                    if hd is not None:
+                        text = line[i:]
+                        if coll_head(text) is not None and "NCCL version" not in text:
+                            k = "coll"
+                        else:
+                            kf = texts.get(text)
+                            if kf is None:
+                                kf = _nccl_text(text, "INFO")
+                                if kf[0] not in _EVENT_KINDS:
+                                    if len(texts) >= _TEXT_CACHE_MAX:
+                                        texts.clear()
+                                    texts[text] = kf
+                            k = kf[0]
+                        n_facts += 1
+                        if text.endswith("Last error:"):
+                            expect_last_error = True
+                        if k == "coll" or k == "info":
+                            continue
+                        if k == "ring" or k == "transport":  # apply's work for the communicator being set up
+                            c = open_comm.get(hd[4])
+                            if c is not None:
+                                if k == "ring":
+                                    c.rings.append(" ".join(kf[1]["order"]))
+                                else:
+                                    c.transports.add(kf[1]["via"])
+                                continue
+                        host, pid, tid, dev, _ = hd
+                        if k in _EVENT_KINDS:
+                            apply(k, kf[1], "INFO", host, pid, tid, dev, None, text, _ts(line), _prefix_rank(line), line,
+                                  lineno)
+                        else:
+                            apply(k, kf[1], "INFO", host, pid, tid, dev, None, text, None, _UNSET, line, lineno)
+                        continue
                 fact = parse_line(line)
                 if fact is None:
                     if line.strip().endswith("Last error:"):
                         expect_last_error = True
                     continue
-            if fact.text.endswith("Last error:"):
-                expect_last_error = True
-            n_facts += 1
-            rank = fact.rank if fact.rank is not None else source.rank
-            hp = (fact.host, fact.pid)
-            proc = procs.setdefault(hp, _Process())
-            dev_key = (fact.host, fact.pid, fact.cuda_dev)
-            k, fl = fact.kind, fact.fields
-            if k == "version":
-                proc.version = fl["version"]
-            elif k == "env":
-                proc.env[fl["name"]] = fl["value"]
-            elif k == "network":
-                proc.network = fl["network"]
-            elif k == "plugin":
-                if fl.get("plugin"):
-                    proc.plugin = fl["plugin"]
-            elif k == "bootstrap":
-                proc.bootstrap_if = fl["iface"]
-            elif k == "net_socket":
-                proc.socket_ifs = fl["ifaces"]
-            elif k == "net_ib":
-                proc.ib_devices = fl["devices"]
-                proc.ib_link = fl.get("link", [])
-            elif k == "gdr":
-                proc.gdr.append(fl)
-            elif k in ("comm_init", "comm_nodes", "init_timing", "transport", "channels", "trees", "ring", "p2p_disabled"):
-                c = open_comm.get(dev_key)
-                if c is None and k == "init_timing":
-                    # NCCL >= 2.23 prints "Init timings" just after "Init COMPLETE": it belongs to that communicator
-                    prev = last_done.get(dev_key)
-                    if prev is not None and prev.timing is None and (prev.comm_rank, prev.nranks) == (fl["comm_rank"], fl["nranks"]):
-                        prev.init_ms, prev.timing = fl["total_s"] * 1000.0, fl["parts"]
-                        c = prev
-                attached = c is not None and c.complete
-                if attached:
-                    pass
-                elif c is None or (k == "comm_init" and c.comm is not None and c.comm != fl["comm"]) or (k == "comm_init" and c.complete):
-                    c = _Comm(key=dev_key + (len(done) + len(open_comm),), host=fact.host, pid=fact.pid,
-                              cuda_dev=fact.cuda_dev, rank=rank, line=lineno)
-                    open_comm[dev_key] = c
-                if k == "comm_init":
-                    c.comm = fl["comm"]
-                    c.comm_id = fl["comm_id"] or c.comm_id
-                    c.comm_rank, c.nranks = fl["comm_rank"], fl["nranks"]
-                    c.bus_id = fl["bus_id"] or c.bus_id
-                    if fl["phase"] == "COMPLETE":
-                        c.complete = True
-                        done.append(open_comm.pop(dev_key))
-                        last_done[dev_key] = c
-                    if fact.pid is not None:
-                        prev = pid_rank.get(dev_key)
-                        if prev is None or fl["nranks"] > prev[0]:
-                            pid_rank[dev_key] = (fl["nranks"], fl["comm_rank"])
-                        prev = pid_rank.get(hp)
-                        if prev is None or fl["nranks"] > prev[0]:
-                            pid_rank[hp] = (fl["nranks"], fl["comm_rank"])
-                elif k == "comm_nodes":
-                    c.comm = c.comm or fl["comm"]
-                    c.nnodes = fl["nnodes"]
-                    c.comm_rank, c.nranks = fl["comm_rank"], fl["nranks"]
-                elif k == "init_timing" and not attached:
-                    c.init_ms = fl["total_s"] * 1000.0
-                    c.timing = fl["parts"]
-                    c.comm_rank, c.nranks = fl["comm_rank"], fl["nranks"]
-                elif k == "transport":
-                    c.transports.add(fl["via"])
-                elif k == "channels":
-                    c.channels = fl["channels"]
-                elif k == "trees":
-                    c.trees = fl["trees"]
-                elif k == "ring":
-                    c.rings.append(" ".join(fl["order"]))
-                elif k == "p2p_disabled":
-                    c.p2p_disabled.append(fl["gpus"])
-            if k == "trail":
-                tkey = (fact.host, fact.pid, fact.tid)
-                ev = last_warn.get(tkey)
-                if ev is not None:
-                    ev["_trail"].append(f"{fl['at']} -> {fl['code']}")
-                    ev["_code"] = fl["code"]
-                    continue
-                k = "error"  # a return-code trail with no WARN before it is still an error
-            if k in _EVENT_KINDS:
-                detail = dict(fl)
-                if fact.host:
-                    detail["host"] = fact.host
-                if fact.pid is not None:
-                    detail["pid"] = fact.pid
-                if fact.src:
-                    detail["src"] = fact.src
-                ev = {
-                    "rank": rank, "kind": k, "ts": fact.ts, "line": lineno, "level": fact.level,
-                    "pg_name": fl.get("pg_name"), "seq": fl.get("seq"), "op": fl.get("op"),
-                    "numel_in": fl.get("numel_in"), "numel_out": fl.get("numel_out"),
-                    "timeout_ms": fl.get("timeout_ms"), "ran_ms": fl.get("ran_ms"), "text": fact.text[:2000],
-                    "_detail": detail, "_trail": [], "_code": fl.get("code"), "_hp": hp,
-                    "_pg_rank": fl.get("pg_rank"),
-                }
-                events.append(ev)
-                if fact.level == "WARN":
-                    last_warn[(fact.host, fact.pid, fact.tid)] = ev
+                if fact.text.endswith("Last error:"):
+                    expect_last_error = True
+                n_facts += 1
+                apply_fact(fact, line, lineno)
     if n_facts == 0:
         raise IngestError(f"{path}: no NCCL or ProcessGroupNCCL lines in {n_lines} lines; "
                           "run with NCCL_DEBUG=INFO (and TORCH_CPP_LOG_LEVEL=INFO) to get them")
