@@ -160,7 +160,25 @@ static inline void clear_row(Scan *s, int col) {
 /* ---- lexing -------------------------------------------------------------------------------------------------- */
 
 static inline void skip_ws(Cur *c) {
-    while (c->p < c->end && (*c->p == ' ' || *c->p == '\n' || *c->p == '\r' || *c->p == '\t')) c->p++;
+    const unsigned char *p = c->p, *end = c->end;
+    if (p < end && *p > ' ') return; /* the common case: no whitespace */
+    /* runs of spaces (indentation) eight at a time */
+    for (;;) {
+        while (end - p >= 8) {
+            uint64_t x = load64(p) ^ (ONES * ' ');
+            if (x) {
+                p += __builtin_ctzll(x) >> 3;
+                break;
+            }
+            p += 8;
+        }
+        if (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) {
+            p++;
+            continue;
+        }
+        break;
+    }
+    c->p = p;
 }
 
 /* A string starting at c->p (which is '"'): sets its raw span (without quotes) and whether it holds escapes.
@@ -171,7 +189,15 @@ static int lex_string(Cur *c, const unsigned char **start, Py_ssize_t *len, int 
     int e = 0;
     *start = p;
     for (;;) {
-        while (end - p >= 8 && !special8(load64(p))) p += 8;
+        /* jump to the first byte that may be special: exact for ASCII, bytes >= 0x80 may be flagged too */
+        while (end - p >= 8) {
+            uint64_t m = special8(load64(p));
+            if (m) {
+                p += __builtin_ctzll(m) >> 3;
+                break;
+            }
+            p += 8;
+        }
         if (p >= end) return -1;
         unsigned char ch = *p;
         if (ch == '"') {
@@ -678,7 +704,7 @@ static int parse_event(Scan *s) {
     if (s->n >= s->cap && col_grow(s, (c->end - c->base) / 192) < 0) { s->oom = 1; return -1; }
     /* row n is all null and zero: rows are appended once, and growth zeroes them */
     set_i64(s, C_DUR, 0); /* dur defaults to 0 when absent */
-    int ext2_set = 0, ev2_set = 0;
+    int ext2_set = 0, ev2_set = 0, seen_args = 0;
     int64_t ext2 = 0, ev2 = 0;
     if (c->p >= c->end || *c->p != '{') return -1;
     c->p++;
@@ -713,14 +739,16 @@ static int parse_event(Scan *s) {
             case 4:
                 if (!memcmp(k, "name", 4)) r = field_str(s, C_NAME);
                 else if (!memcmp(k, "args", 4)) {
+                    if (seen_args) { /* a repeated args key replaces the first one whole */
+                        for (int i = C_DEVICE; i < N_COLS; i++) clear_row(s, i);
+                        clear_row(s, C_SYNC_KIND);
+                        ext2_set = ev2_set = 0;
+                    }
+                    seen_args = 1;
                     if (is_null(c)) {
                         c->p += 4;
                         r = 0;
                     } else if (c->p < c->end && *c->p == '{') {
-                        /* a repeated args key replaces the first one whole */
-                        for (int i = C_DEVICE; i < N_COLS; i++) clear_row(s, i);
-                        clear_row(s, C_SYNC_KIND);
-                        ext2_set = ev2_set = 0;
                         r = parse_args(s, &ext2_set, &ext2, &ev2_set, &ev2);
                     } else {
                         r = -1;
