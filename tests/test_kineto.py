@@ -423,6 +423,7 @@ def _read_whole(path: Path, monkeypatch) -> tuple[Source, dict[str, pl.DataFrame
 
     with monkeypatch.context() as m:
         m.setattr(kineto, "_parse_chunked", refuse)
+        m.setattr(kineto, "_parse_mapped", refuse)
         return _read(path)
 
 

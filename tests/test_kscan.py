@@ -286,3 +286,42 @@ def test_nest_matches_the_python_sweep():
         kineto._USE_KSCAN = orig
     assert got[0].to_list() == want[0].to_list() and got[1].to_list() == want[1].to_list()
     assert got[1].max() >= 3  # really nested
+
+
+def _plain_copy(tmp_path: Path) -> bytes:
+    import gzip
+
+    return gzip.decompress((SAMPLES / "demo" / "rank0.pt.trace.json.gz").read_bytes())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.floats(0.0, 1.0), st.sampled_from([2 << 10, 64 << 10, 8 << 20]))
+def test_truncated_plain_files_read_the_same_mapped_or_not(tmp_path, monkeypatch, frac, block):
+    """Plain files are scanned in place (memory-mapped); a cut anywhere, and any chunk size, gives what the
+    msgspec path gives: the same complete events, status and note."""
+    data = _plain_copy(tmp_path)
+    p = tmp_path / f"cut-{frac}-{block}.json"
+    p.write_bytes(data[: max(1, int(len(data) * frac))])
+    monkeypatch.setattr(kineto, "_BLOCK", block)
+    (sa, ta), (sb, tb) = _read_both(p, monkeypatch)
+    _same(ta, tb)
+    assert (sa.status, sa.detail) == (sb.status, sb.detail)
+    assert sa.meta == sb.meta
+
+
+def test_mapped_and_copying_readers_cut_the_same_chunks(tmp_path, monkeypatch):
+    """The memory-mapped reader (plain files) and the block reader (gzip) hand the scanner different slices of
+    the same array: both give the same tables, chunk boundaries and collective args included."""
+    import gzip
+
+    data = _plain_copy(tmp_path)
+    plain, packed = tmp_path / "t.json", tmp_path / "t.json.gz"
+    plain.write_bytes(data)
+    packed.write_bytes(gzip.compress(data, 1))
+    monkeypatch.setattr(kineto, "_BLOCK", 16 << 10)
+    assert len(data) > 8 * kineto._BLOCK * kineto._SCAN_BLOCKS  # many chunks
+    a, b = Source(plain, "kineto"), Source(packed, "kineto")
+    ta, tb = kineto.read(plain, a), kineto.read(packed, b)
+    _same(ta, tb)
+    assert a.meta == b.meta and a.status == b.status == "ok"
+    assert ta["collectives"].height > 0

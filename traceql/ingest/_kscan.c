@@ -1,7 +1,8 @@
 /* Kineto chunk scanner: one JSON array of trace events -> the columns traceql's tables need, without making a
  * Python object per event.
  *
- * scan(buffer, length) reads buffer[:length], which must be a JSON array of event objects, and returns
+ * scan(buffer, end, start=0, bare=False) reads buffer[start:end], which must be a JSON array of event objects
+ * (bare: the events and the commas between them, as cut out of an array without copying), and returns
  * (n, strings, columns), or None when anything in the chunk is outside what this scanner takes on
  * (a value of an unexpected type, a key with escapes, an int beyond int64, invalid JSON, raw control characters,
  * invalid UTF-8...). None is not an error: the caller then decodes the chunk with its general (msgspec) path, which
@@ -796,6 +797,21 @@ static int scan_array(Scan *s) {
     return c->p == c->end ? 0 : -1;
 }
 
+/* Bare: events separated by commas, no brackets (a slice of the array, cut between two events). */
+static int scan_bare(Scan *s) {
+    Cur *c = &s->c;
+    skip_ws(c);
+    if (c->p >= c->end) return 0;
+    for (;;) {
+        if (parse_event(s) < 0) return -1;
+        skip_ws(c);
+        if (c->p >= c->end) return 0;
+        if (*c->p != ',') return -1;
+        c->p++;
+        skip_ws(c);
+    }
+}
+
 /* ---- module -------------------------------------------------------------------------------------------------- */
 
 static void scan_free(Scan *s) {
@@ -823,9 +839,10 @@ static PyObject *col_tuple(Scan *s, int i) {
 
 static PyObject *kscan_scan(PyObject *self, PyObject *args) {
     Py_buffer view;
-    Py_ssize_t length;
-    if (!PyArg_ParseTuple(args, "y*n", &view, &length)) return NULL;
-    if (length < 0 || length > view.len) {
+    Py_ssize_t length, start = 0;
+    int bare = 0;
+    if (!PyArg_ParseTuple(args, "y*n|np", &view, &length, &start, &bare)) return NULL;
+    if (length < 0 || length > view.len || start < 0 || start > length) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "length out of range");
         return NULL;
@@ -833,13 +850,13 @@ static PyObject *kscan_scan(PyObject *self, PyObject *args) {
     Scan s;
     memset(&s, 0, sizeof(s));
     s.c.base = (const unsigned char *)view.buf;
-    s.c.p = s.c.base;
+    s.c.p = s.c.base + start;
     s.c.end = s.c.base + length;
     for (int i = 0; i < N_COLS; i++) s.cols[i].width = i < N_STR_COLS ? 4 : 8;
     s.in.list = PyList_New(0);
     PyObject *result = NULL;
     if (!s.in.list) goto done;
-    int r = scan_array(&s);
+    int r = bare ? scan_bare(&s) : scan_array(&s);
     if (s.oom) {
         PyErr_NoMemory();
         goto done;
@@ -941,7 +958,8 @@ static PyMethodDef methods[] = {
     {"nest", kscan_nest, METH_VARARGS,
      "nest(ts, end, flags, rows, n) -> (parent, depth): the per-thread nesting sweep over sorted intervals."},
     {"scan", kscan_scan, METH_VARARGS,
-     "scan(buffer, length) -> (n, strings, columns) | None: the columns of a JSON array of Kineto events."},
+     "scan(buffer, end, start=0, bare=False) -> (n, strings, columns) | None: the columns of the JSON array of\n"
+     "Kineto events in buffer[start:end] (bare: comma-separated events without the brackets)."},
     {NULL, NULL, 0, NULL},
 };
 

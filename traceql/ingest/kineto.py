@@ -1,14 +1,18 @@
 """Kineto / Chrome trace JSON (torch.profiler export_chrome_trace), plain or gzip.
 
-Two parsers feed one column builder:
-- The fast path (msgspec) reads the file block by block (gzip inflated one block ahead in a thread) and cuts the
-  traceEvents array at event boundaries (Kineto's "  },\n  {", other indentations, one-line "}, {"), decoding each
-  chunk of a few MB on its own into structs that hold only the fields the tables need. Each chunk becomes the rows
-  of each table at once, so memory holds one chunk's Python objects plus the finished columns, whatever the size.
-- The fallback (orjson over the whole document) takes B/E events, values of unexpected types, unknown layouts and
-  damage the fast path does not handle; it keeps every event in memory, so it is for small or odd files.
-Both hand plain lists of field values to the same code, so both give the same tables (tests/test_kineto.py checks
-this on every corpus trace). Only the host-op nesting sweep, flow pairing and collectives run over whole tables.
+Three readers, one set of tables:
+- The compiled scanner (_kscan.c, built by setup.py where a C compiler is): the file is read block by block (gzip
+  inflated one block ahead in a thread) and the traceEvents array is cut at event boundaries (Kineto's
+  "  },\n  {", other indentations, one-line "}, {"); each chunk of ~32 MB is scanned in C straight into Arrow
+  columns (strings as codes into the chunk's distinct values, times already in ns), handed to polars without a
+  copy, and each event's table is worked out once per distinct (ph, cat). No Python object is made per event.
+- msgspec, over chunks of 8 MB (or the scanner's 32 MB ones), into structs that hold only the fields the tables
+  need: where the scanner is not built, and for any chunk the scanner declines (a value of an unexpected type, a key with escapes, invalid
+  JSON...). It gives the same tables (tests/test_kscan.py).
+- The fallback (orjson over the whole document) takes B/E events, unknown layouts and damage the chunked paths do
+  not handle; it keeps every event in memory, so it is for small or odd files.
+The chunked paths keep one chunk plus the finished columns in memory, whatever the size. Only the host-op nesting
+sweep (in C where built), flow pairing and collectives run over whole tables.
 
 Damaged input is read as far as it goes: a truncated file or gzip stream keeps every complete event
 (status "partial", detail naming the byte offset), raw control characters in strings are escaped before parsing
@@ -18,7 +22,9 @@ Damaged input is read as far as it goes: a truncated file or gzip stream keeps e
 from __future__ import annotations
 
 import bisect
+import functools
 import gc
+import mmap
 import os
 import re
 import zlib
@@ -265,6 +271,7 @@ _DTYPE_BYTES = {
 }
 
 
+@functools.lru_cache(maxsize=4096)
 def canonical_collective(name: str | None) -> str | None:
     """allreduce -> all_reduce, _allgather_base -> all_gather, reduce_scatter_tensor_coalesced -> reduce_scatter."""
     if not name:
@@ -980,6 +987,11 @@ def _gunzipped(f, notes: list, size: int):
         notes.append(f"gzip stream ends early at compressed byte {pos}")
 
 
+def _gzipped(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
 def _blocks(path: Path, notes: list, size: int | None = None):
     """The file's (gunzipped) bytes, block by block. Gzip is inflated one block ahead in a thread (zlib lets go of
     the GIL while it works), so that decompression overlaps parsing instead of adding to it."""
@@ -1092,23 +1104,35 @@ def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
     carry = buf
     m = arr_end.search(carry)
     if m:
-        suffix = bytes(carry[m.end() :])
         close = m.end() - 1  # the array's "]"
         n += _decode_chunk(carry, close + 1, acc, n)
-        try:
-            header = orjson.loads(prefix + b"]" + suffix)
-        except orjson.JSONDecodeError:
-            header = _salvage_header(prefix, suffix)
-            notes.append(f"truncated trace: breaks off after the event array (byte {offset + len(carry)}); "
-                         "kept every event and the header keys before the break")
+        header = _header(prefix, bytes(carry[m.end() :]), offset + len(carry), None, notes)
     else:
+        header = _header(prefix, None, offset + len(carry), offset, notes)
+    return _finish(header, acc, notes, source)
+
+
+def _header(prefix: bytes, suffix: bytes | None, size: int, kept_to: int | None, notes: list) -> dict:
+    """The document without its events: prefix + "]" + suffix (what follows the array), or, when the array broke
+    off (suffix None), the prefix closed by hand; notes say what was kept."""
+    if suffix is not None:
         try:
-            header = orjson.loads(prefix + b"]}")
+            return orjson.loads(prefix + b"]" + suffix)
         except orjson.JSONDecodeError:
-            raise _Fallback("header does not parse") from None
-        where = "decompressed byte" if notes else "byte"
-        notes.append(f"truncated trace: the event array breaks off at {where} {offset + len(carry)}; "
-                     f"kept the complete events up to {where} {offset}")
+            notes.append(f"truncated trace: breaks off after the event array (byte {size}); "
+                         "kept every event and the header keys before the break")
+            return _salvage_header(prefix, suffix)
+    try:
+        header = orjson.loads(prefix + b"]}")
+    except orjson.JSONDecodeError:
+        raise _Fallback("header does not parse") from None
+    where = "decompressed byte" if notes else "byte"
+    notes.append(f"truncated trace: the event array breaks off at {where} {size}; "
+                 f"kept the complete events up to {where} {kept_to}")
+    return header
+
+
+def _finish(header, acc: _Acc, notes: list, source: Source) -> tuple[dict, _Acc]:
     if not isinstance(header, dict):
         raise _Fallback("header is not an object")
     header.pop("traceEvents", None)
@@ -1118,6 +1142,70 @@ def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
         source.status = "partial"
         source.detail = "; ".join(notes)
     return header, acc
+
+
+def _parse_mapped(path: Path, source: Source) -> tuple[dict, _Acc]:
+    """A plain (not gzipped) file through the compiled scanner, memory-mapped: each chunk is scanned where it lies
+    in the page cache (no read into Python memory, no copy), then its pages are let go of, so that the mapping
+    never holds more than a chunk of the file in this process's memory."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise _Fallback("empty file")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            return _scan_mapped(mm, size, source)
+
+
+def _scan_mapped(mm, size: int, source: Source) -> tuple[dict, _Acc]:
+    chunk = _BLOCK * _SCAN_BLOCKS
+    m = _ARR_HEAD.search(mm, 0, min(size, 4 * _BLOCK))
+    if m is None:
+        raise _Fallback("no traceEvents array near the start")
+    layout = _layout(m.group(1), mm[m.end() : m.end() + (1 << 20)])
+    if layout is None:
+        raise _Fallback("one event, or an unknown layout")
+    sep, arr_end = layout
+    comma = sep.index(b",")
+    prefix = mm[: m.start(1)]  # the header up to and including "["
+    pos = m.start(1)  # the first event (after whitespace)
+    acc = _Acc()
+    notes: list[str] = []
+    n = 0
+    page = mmap.PAGESIZE
+
+    def take(lo: int, hi: int) -> int:
+        """The events in mm[lo:hi] (whole events and the commas between them)."""
+        got = _kscan.scan(mm, hi, lo, True)
+        if got is not None:
+            acc.add_scanned(n, got, mm)
+        else:  # declined: msgspec's path, on a copy made a JSON list
+            buf = bytearray(b"[") + mm[lo:hi] + b"]"
+            return _decode_chunk(buf, len(buf), acc, n)
+        first, last = lo - lo % page, hi - hi % page  # whole pages only
+        if hasattr(mm, "madvise") and last > first:  # let go of the pages scanned (the file keeps them)
+            mm.madvise(mmap.MADV_DONTNEED, first, last - first)
+        return got[0]
+
+    while size - pos > chunk:
+        cut = mm.rfind(sep, pos, pos + chunk)
+        if cut < 0:  # one event longer than a chunk
+            cut = mm.find(sep, pos + chunk)
+            if cut < 0:
+                break
+        n += take(pos, cut + comma)
+        pos = cut + comma + 1
+    m = arr_end.search(mm, pos)
+    if m:
+        n += take(pos, m.end() - 1)
+        header = _header(prefix, mm[m.end() :], size, None, notes)
+    else:  # broken off: the complete events up to the last separator
+        cut = mm.rfind(sep, pos)
+        kept = pos - 1
+        if cut >= 0:
+            n += take(pos, cut + comma)
+            kept = cut + comma
+        header = _header(prefix, None, size, kept, notes)
+    return _finish(header, acc, notes, source)
 
 
 def _parse_whole(path: Path, source: Source) -> tuple[dict, _Acc]:
@@ -1195,16 +1283,23 @@ def _collectives(host: pl.DataFrame | None, coll_args: dict, runtime: pl.DataFra
     # Annotations related to a record_param_comms op (ancestor or descendant on the same thread).
     annot_of_rpc: dict[int, str] = {}
     rpc_related = set()
+    def at(col: pl.Series, rows: list) -> list:
+        """col's values at rows (None where the row is None), in one gather."""
+        got = col.gather(pl.Series([-1 if r is None else r for r in rows], dtype=pl.Int64).clip(0, None)).to_list()
+        return [None if r is None else v for r, v in zip(rows, got)]
+
     annots = cand.filter("annot")
-    for (aid, aname), r in zip(annots.select("id", "name").iter_rows(), first_ancestor(annots["_row"].to_list(), rpc_mask)):
+    rows = first_ancestor(annots["_row"].to_list(), rpc_mask)
+    for (aid, aname), r, rid in zip(annots.select("id", "name").iter_rows(), rows, at(host_ids, rows)):
         if r is not None:
-            annot_of_rpc.setdefault(host_ids[r], aname)
+            annot_of_rpc.setdefault(rid, aname)
             rpc_related.add(aid)
     rpcs = cand.filter("rpc")
-    for rid, r in zip(rpcs["id"].to_list(), first_ancestor(rpcs["_row"].to_list(), annot_mask)):
+    rows = first_ancestor(rpcs["_row"].to_list(), annot_mask)
+    for rid, r, aname, aid in zip(rpcs["id"].to_list(), rows, at(names, rows), at(host_ids, rows)):
         if r is not None:
-            annot_of_rpc.setdefault(rid, names[r])
-            rpc_related.add(host_ids[r])
+            annot_of_rpc.setdefault(rid, aname)
+            rpc_related.add(aid)
 
     # Launch lookup: per thread, sorted launch start times with their correlations; external id -> correlations.
     comm_k: dict[int, tuple[int, int]] = {}
@@ -1387,7 +1482,7 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
 
 def _read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
     try:
-        header, acc = _parse_chunked(path, source)
+        header, acc = (_parse_mapped if _USE_KSCAN and not _gzipped(path) else _parse_chunked)(path, source)
         source.meta["parser"] = "chunks"
     except _Fallback:
         header, acc = _parse_whole(path, source)
