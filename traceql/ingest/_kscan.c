@@ -100,6 +100,7 @@ typedef struct {
     Py_ssize_t n, cap;
     char *tmp; /* scratch for unescaping */
     Py_ssize_t tmp_cap;
+    Py_ssize_t hint; /* first capacity: rows a chunk of this size likely holds */
     int bail; /* set: the input is outside this scanner's remit */
     int oom;
 } Scan;
@@ -702,7 +703,7 @@ static int parse_args(Scan *s, int *ext2_set, int64_t *ext2, int *ev2_set, int64
 
 static int parse_event(Scan *s) {
     Cur *c = &s->c;
-    if (s->n >= s->cap && col_grow(s, (c->end - c->base) / 192) < 0) { s->oom = 1; return -1; }
+    if (s->n >= s->cap && col_grow(s, s->hint) < 0) { s->oom = 1; return -1; }
     /* row n is all null and zero: rows are appended once, and growth zeroes them */
     set_i64(s, C_DUR, 0); /* dur defaults to 0 when absent */
     int ext2_set = 0, ev2_set = 0, seen_args = 0;
@@ -852,6 +853,7 @@ static PyObject *kscan_scan(PyObject *self, PyObject *args) {
     s.c.base = (const unsigned char *)view.buf;
     s.c.p = s.c.base + start;
     s.c.end = s.c.base + length;
+    s.hint = (length - start) / 192;
     for (int i = 0; i < N_COLS; i++) s.cols[i].width = i < N_STR_COLS ? 4 : 8;
     s.in.list = PyList_New(0);
     PyObject *result = NULL;
