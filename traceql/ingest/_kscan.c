@@ -631,6 +631,29 @@ static int field_id(Scan *s, int col, int name_col) {
 
 /* ---- events -------------------------------------------------------------------------------------------------- */
 
+/* A member's key and the colon after it: `"key" :`, whitespace around. Keys with escapes bail (no profiler writes
+ * them; the general path unescapes them). */
+static int read_key(Cur *c, const unsigned char **k, Py_ssize_t *n) {
+    int esc;
+    skip_ws(c);
+    if (c->p >= c->end || *c->p != '"') return -1;
+    if (lex_string(c, k, n, &esc) < 0 || esc) return -1;
+    skip_ws(c);
+    if (c->p >= c->end || *c->p != ':') return -1;
+    c->p++;
+    skip_ws(c);
+    return 0;
+}
+
+/* After a member's value: 0 when a comma follows (another member), 1 at the closing brace, -1 otherwise. */
+static int after_member(Cur *c) {
+    skip_ws(c);
+    if (c->p >= c->end) return -1;
+    if (*c->p == ',') { c->p++; return 0; }
+    if (*c->p == '}') { c->p++; return 1; }
+    return -1;
+}
+
 #define KEY(lit_) (n == (Py_ssize_t)(sizeof(lit_) - 1) && memcmp(k, lit_, sizeof(lit_) - 1) == 0)
 
 static int is_coll_key(const unsigned char *k, Py_ssize_t n) {
@@ -651,16 +674,9 @@ static int parse_args(Scan *s, int *ext2_set, int64_t *ext2, int *ev2_set, int64
         return 0;
     }
     for (;;) {
-        skip_ws(c);
-        if (c->p >= c->end || *c->p != '"') return -1;
         const unsigned char *k;
         Py_ssize_t n;
-        int esc;
-        if (lex_string(c, &k, &n, &esc) < 0 || esc) return -1;
-        skip_ws(c);
-        if (c->p >= c->end || *c->p != ':') return -1;
-        c->p++;
-        skip_ws(c);
+        if (read_key(c, &k, &n) < 0) return -1;
         int r = 1; /* 1: not a field of ours */
         switch (n) {
         case 5:
@@ -687,12 +703,8 @@ static int parse_args(Scan *s, int *ext2_set, int64_t *ext2, int *ev2_set, int64
             if (!coll && is_coll_key(k, n)) coll = 1;
             r = skip_value(c, 1);
         }
-        if (r < 0) return -1;
-        skip_ws(c);
-        if (c->p >= c->end) return -1;
-        if (*c->p == ',') { c->p++; continue; }
-        if (*c->p == '}') { c->p++; break; }
-        return -1;
+        if (r < 0 || (r = after_member(c)) < 0) return -1;
+        if (r == 1) break;
     }
     if (coll) {
         set_i64(s, C_ARGS_START, start - c->base);
@@ -715,16 +727,9 @@ static int parse_event(Scan *s) {
         c->p++;
     } else {
         for (;;) {
-            skip_ws(c);
-            if (c->p >= c->end || *c->p != '"') return -1;
             const unsigned char *k;
             Py_ssize_t n;
-            int esc;
-            if (lex_string(c, &k, &n, &esc) < 0 || esc) return -1;
-            skip_ws(c);
-            if (c->p >= c->end || *c->p != ':') return -1;
-            c->p++;
-            skip_ws(c);
+            if (read_key(c, &k, &n) < 0) return -1;
             int r = 1; /* 1: not a field of ours */
             switch (n) { /* by length, then bytes: most keys are one of these */
             case 2:
@@ -759,12 +764,8 @@ static int parse_event(Scan *s) {
                 break;
             }
             if (r == 1) r = skip_value(c, 1);
-            if (r < 0) return -1;
-            skip_ws(c);
-            if (c->p >= c->end) return -1;
-            if (*c->p == ',') { c->p++; continue; }
-            if (*c->p == '}') { c->p++; break; }
-            return -1;
+            if (r < 0 || (r = after_member(c)) < 0) return -1;
+            if (r == 1) break;
         }
     }
     Col *e = &s->cols[C_EXTERNAL_ID];
