@@ -174,9 +174,15 @@ def main() -> None:
     ap.add_argument("--hta-max-mb", type=float, default=1200, help="skip HTA above this many MB (its memory)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--tmp", default=None, help="where to write scaled copies (default: the system temp dir)")
+    ap.add_argument("--no-warm", action="store_true", help="skip the warm (cached) column: no Parquet cache is written")
     ap.add_argument("--recheck", type=int, default=0, metavar="N",
                     help="time `traceql check` end to end on N ranks of df_index_resolver with a warm cache")
     a = ap.parse_args()
+    try:
+        mem = next(int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemTotal:")) / 2**20
+        print(f"machine: {os.cpu_count()} CPUs, {mem:.1f} GiB of memory")
+    except (OSError, StopIteration):
+        pass
     hta_ok = not a.no_hta and Path(a.hta_python).exists()
     if not hta_ok:
         print(f"note: HTA interpreter {a.hta_python} absent or disabled: HTA columns skipped "
@@ -221,7 +227,8 @@ def main() -> None:
             cold = _best([sys.executable, "-c", _CHILD_TQ, str(REPO), str(d), "cold", str(jobs)], a.repeat)
             if cold is None:
                 continue
-            warm = _best([sys.executable, "-c", _CHILD_TQ, str(REPO), str(d), "warm", str(jobs)], a.repeat)
+            warm = None if a.no_warm else _best([sys.executable, "-c", _CHILD_TQ, str(REPO), str(d), "warm", str(jobs)],
+                                                a.repeat)
             hta = None
             if hta_ok and nbytes / 1e6 <= a.hta_max_mb:
                 hta = _best([a.hta_python, "-c", _CHILD_HTA, str(d)], a.repeat)
