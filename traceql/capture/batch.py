@@ -56,6 +56,11 @@ PLANS = {
     "h200-nccl": [
         ("h200-duplicate-gpu", "duplicate-gpu", 2, False, "a"),
     ],
+    # Fifth call: synchronous cudaMemcpy/cudaMemset through ctypes (TQL204, TQL206), in Kineto and nsys form.
+    "h200-sync-memcpy": [
+        ("h200-sync-memcpy", "sync-memcpy", 1, False, "a", 2),
+        ("h200-sync-memcpy-nsys", "sync-memcpy", 1, True, "a", 2),
+    ],
     "cpu": [
         ("cpu-demo", "demo", 2, False, "a"),
         ("cpu-straggler", "straggler", 2, False, "a"),

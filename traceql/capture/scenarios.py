@@ -150,6 +150,17 @@ _LIST = [
         notes="needs a GPU: NCCL; on CPU there is nothing to duplicate",
     ),
     Scenario(
+        "sync-memcpy",
+        "A ctypes call into libcudart inside every step, as custom extensions and C libraries do: a synchronous "
+        "cudaMemcpy of the loss to a pageable host buffer, and synchronous cudaMemsets of a pinned host staging buffer "
+        "and a device scratch buffer.",
+        expected=(("TQL204", "all"), ("TQL206", "all")),
+        default_ranks=1,
+        cuda_only=("TQL204", "TQL206"),
+        notes="needs --backend cuda: libcudart's synchronous cudaMemcpy/cudaMemset exist only on a GPU run; the "
+        "device memset is not host-synchronous (CUDA API sync behaviour), so only the pinned one is expected",
+    ),
+    Scenario(
         "grad-accum-without-no_sync",
         "DDP with 4 micro-batches per optimizer step and no no_sync(): every micro-batch all-reduces.",
         expected=(("TQL103", "all"),),

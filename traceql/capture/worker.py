@@ -46,7 +46,63 @@ TRAITS = {
     "launch-bound": {"tiny"},
     "duplicate-gpu": {"ddp", "force_nccl"},
     "pageable-copy": {"pageable"},
+    "sync-memcpy": {"cudart_sync"},
 }
+
+CUDA_MEMCPY_DEVICE_TO_HOST = 2  # cudaMemcpyKind
+PINNED_STAGING_BYTES = 1 << 16  # sync-memcpy: the pinned host buffer cudaMemset clears every step
+DEVICE_SCRATCH_BYTES = 4 << 20  # sync-memcpy: the device scratch buffer cudaMemset clears every step
+
+
+def _load_cudart():
+    """libcudart through ctypes, as a custom extension or a ctypes/cffi library would call it.
+
+    The copy torch already loaded comes first (same runtime, same context), then torch's bundled nvidia wheels,
+    then the system's. Returns (library, path); raises RuntimeError naming what was tried.
+    """
+    import ctypes
+    import ctypes.util
+    import glob
+
+    tried = []
+    try:
+        with open("/proc/self/maps") as f:
+            mapped = {line.split()[-1] for line in f if "libcudart.so" in line}
+        tried += sorted(p for p in mapped if p.startswith("/"))
+    except OSError:
+        pass
+    site = Path(torch.__file__).resolve().parents[1]
+    tried += sorted(glob.glob(str(site / "nvidia" / "*" / "lib" / "libcudart.so*")))
+    tried += sorted(glob.glob(str(Path(torch.__file__).resolve().parent / "lib" / "libcudart*.so*")))
+    found = ctypes.util.find_library("cudart")
+    if found:
+        tried.append(found)
+    errors = []
+    for path in dict.fromkeys(tried):
+        try:
+            lib = ctypes.CDLL(path)
+            lib.cudaMemcpy
+        except (OSError, AttributeError) as e:
+            errors.append(f"{path}: {e}")
+            continue
+        lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        lib.cudaMemcpy.restype = ctypes.c_int
+        lib.cudaMemset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+        lib.cudaMemset.restype = ctypes.c_int
+        lib.cudaGetErrorString.argtypes = [ctypes.c_int]
+        lib.cudaGetErrorString.restype = ctypes.c_char_p
+        return lib, path
+    raise RuntimeError(
+        "sync-memcpy: cannot load libcudart through ctypes (looked in this process's loaded libraries, "
+        f"{site}/nvidia/*/lib, torch/lib and ctypes.util.find_library('cudart')); tried: {errors or 'nothing found'}. "
+        "Install the nvidia-cuda-runtime wheel torch was built with, or put libcudart.so on LD_LIBRARY_PATH."
+    )
+
+
+def _cuda_check(lib, rc: int, what: str) -> None:
+    if rc != 0:
+        raise RuntimeError(f"{what} failed: error {rc} ({lib.cudaGetErrorString(rc).decode(errors='replace')})")
+
 
 
 class MLP(nn.Module):
@@ -137,6 +193,9 @@ def main(argv=None) -> int:
         pg_backend = "gloo"
         width, depth, batch = 128, 6, 32
     n_out = 16
+    if "cudart_sync" in traits and device.type != "cuda":
+        print(f"error: scenario {sc.name} calls libcudart directly: pass --backend cuda", file=sys.stderr)
+        return 2
 
     kw = {"device_id": device} if pg_backend == "nccl" else {}
     dist.init_process_group(pg_backend, timeout=datetime.timedelta(seconds=args.pg_timeout), **kw)
@@ -166,6 +225,26 @@ def main(argv=None) -> int:
         step_model = torch.compile(step_model, dynamic=False if "static" in traits else None)
 
     gen = torch.Generator(device="cpu").manual_seed(1234 + rank)
+
+    if "cudart_sync" in traits:
+        try:
+            cudart, cudart_path = _load_cudart()
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            return 2
+        print(f"[rank{rank}] sync-memcpy: libcudart from {cudart_path}", flush=True)
+        loss_host = torch.empty(1, dtype=torch.float32)  # pageable: what a C library's own buffer would be
+        staging = torch.empty(PINNED_STAGING_BYTES, dtype=torch.uint8, pin_memory=True)
+        scratch = torch.empty(DEVICE_SCRATCH_BYTES, dtype=torch.uint8, device=device)
+
+    def cudart_sync_calls(loss):
+        # What an extension does between forward and backward: read a value back and clear its buffers, through the
+        # synchronous runtime API. cudaMemcpy waits for the forward to finish; cudaMemset of pinned host memory is
+        # synchronous too; the device memset is not (kept as the rule's negative case).
+        _cuda_check(cudart, cudart.cudaMemcpy(loss_host.data_ptr(), loss.data_ptr(), 4, CUDA_MEMCPY_DEVICE_TO_HOST),
+                    "cudaMemcpy DtoH")
+        _cuda_check(cudart, cudart.cudaMemset(staging.data_ptr(), 0, PINNED_STAGING_BYTES), "cudaMemset (pinned)")
+        _cuda_check(cudart, cudart.cudaMemset(scratch.data_ptr(), 0, DEVICE_SCRATCH_BYTES), "cudaMemset (device)")
 
     def make_batch(step: int):
         n = batch
@@ -205,6 +284,8 @@ def main(argv=None) -> int:
         if "straggler" in traits and rank == world - 1:
             time.sleep(STRAGGLER_SLEEP_S)  # the slow rank: everyone else waits in its all_reduce
         loss = forward_loss(x, y)
+        if "cudart_sync" in traits:
+            cudart_sync_calls(loss.detach().float().contiguous())
         loss.backward()
         if "flat_allreduce_after_backward" in traits:
             # One flat all_reduce after the whole backward: nothing left to overlap it with.
