@@ -162,3 +162,19 @@ def test_derived_tables_are_cached_per_input_and_give_the_same_report(tmp_path):
     # another input (one rank's trace removed) is another cache entry
     (demo / "rank1.pt.trace.json.gz").unlink()
     assert pipeline.check(demo).run.derived_cache != folder
+
+
+def test_a_changed_importer_misses_the_cache(tmp_path, monkeypatch):
+    """Cached tables are keyed by the importers' code too: after an upgrade that changes what an importer writes
+    (same version string), the old tables are not served."""
+    from traceql.ingest import cache
+    from traceql.model import Source
+
+    trace = next((SAMPLES / "demo").glob("rank0*"))
+    src = Source(trace, "kineto")
+    before = cache.digest(src)
+    assert cache.digest(src) == before  # stable
+    monkeypatch.setattr(cache, "_INGEST", "another importer")
+    assert cache.digest(src) != before
+    monkeypatch.setattr(cache, "_INGEST", None)
+    assert cache.digest(src) == before

@@ -1,7 +1,8 @@
 """Parquet cache of parsed tables, keyed by the source file's content (not its name or mtime).
 
 Layout: <cache_dir>/<digest>/<table>.parquet plus source.json (status, detail, rank, meta). The digest covers the
-file's bytes, its kind and the importer's version, so a re-export, a traceql upgrade or an edit all miss.
+file's bytes, its kind, the importers' code (their sources and the compiled scanner) and the version, so a
+re-export, a traceql upgrade, a changed importer or an edit all miss.
 A small index maps (path, size, mtime) to the digest so that a warm re-check does not re-hash large files.
 """
 
@@ -17,7 +18,7 @@ import polars as pl
 from traceql import __version__
 from traceql.model import Source
 
-FORMAT_VERSION = "3"  # bump when any importer's output changes
+FORMAT_VERSION = "3"  # bump when the cache layout itself changes (importer code changes are caught by _ingest_digest)
 
 
 def cache_dir() -> Path:
@@ -60,7 +61,27 @@ def digest(source: Source) -> str:
             idx.write_text(content)
         except OSError:
             pass
-    return hashlib.blake2b(f"{content}|{source.kind}|{FORMAT_VERSION}|{__version__}".encode(), digest_size=16).hexdigest()
+    code = _ingest_digest()
+    return hashlib.blake2b(f"{content}|{source.kind}|{code}|{FORMAT_VERSION}|{__version__}".encode(),
+                           digest_size=16).hexdigest()
+
+
+_INGEST: str | None = None
+
+
+def _ingest_digest() -> str:
+    """The code tables come from: every importer, the compiled scanner and the canonical schemas. A change to any of
+    them is a miss, even when the version string stays the same (as it does between releases)."""
+    global _INGEST
+    if _INGEST is None:
+        here = Path(__file__).resolve().parent
+        h = hashlib.blake2b(digest_size=12)
+        files = [*here.glob("*.py"), *here.glob("*.c"), *here.glob("_kscan*.so"), here.parent / "model" / "tables.py"]
+        for p in sorted(files):
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+        _INGEST = h.hexdigest()
+    return _INGEST
 
 
 def load(source: Source, key: str) -> dict[str, pl.DataFrame] | None:

@@ -774,7 +774,9 @@ def _kernel_rows(df: pl.DataFrame, ids: _Ids) -> pl.DataFrame:
         collective=pl.when(is_comm).then(_kernel_collective_expr(name)),
         copy_kind=mem.struct.field("1"),
         src_memory=mem.struct.field("2").str.to_lowercase().replace({"host": None}),
-        dst_memory=mem.struct.field("3").str.to_lowercase().replace({"host": None}),
+        # "Memcpy DtoH (Device -> Pageable)", "Memset (Pinned)": the memory written, as nsys names it
+        dst_memory=pl.coalesce(mem.struct.field("3"), name.str.extract(r"^Memset \((\w+)\)", 1))
+        .str.to_lowercase().replace({"host": None}),
     )
     return df.join(u, on=["cat", "name"], how="left", nulls_equal=True, maintain_order="left").drop("cat")
 
