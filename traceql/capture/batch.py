@@ -61,6 +61,20 @@ PLANS = {
         ("h200-sync-memcpy", "sync-memcpy", 1, False, "a", 2),
         ("h200-sync-memcpy-nsys", "sync-memcpy", 1, True, "a", 2),
     ],
+    # Two H200s (nvidia-h200-x2): real NCCL between GPUs. Eager and compiled DDP of the same model and batch, the
+    # planted exposed all_reduce, straggler and desync (a real ProcessGroupNCCL watchdog timeout with Flight Recorder
+    # dumps), with nsys twins of the eager, exposed and straggler runs.
+    "h200x2": [
+        ("h200x2-ddp-eager", "ddp-eager", 2, False, "a"),
+        ("h200x2-exposed-allreduce", "exposed-allreduce", 2, False, "a"),
+        ("h200x2-straggler", "straggler", 2, False, "a"),
+        ("h200x2-desync", "desync", 2, False, "a"),
+        ("h200x2-ddp-eager-nsys", "ddp-eager", 2, True, "a"),
+        ("h200x2-exposed-allreduce-nsys", "exposed-allreduce", 2, True, "a"),
+        ("h200x2-straggler-nsys", "straggler", 2, True, "a"),
+        ("h200x2-ddp-compiled", "ddp-compiled", 2, False, "b"),
+        ("h200x2-divergent-compile", "divergent-compile", 2, False, "b"),
+    ],
     "cpu": [
         ("cpu-demo", "demo", 2, False, "a"),
         ("cpu-straggler", "straggler", 2, False, "a"),
@@ -181,7 +195,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="*", help="run names or scenarios to keep from the plan")
     ap.add_argument("--pack", type=Path, default=None, help="folder for the packed tar files")
     args = ap.parse_args(argv)
-    backend = args.backend or ("cuda" if args.plan.startswith("h200") else "cpu")
+    backend = args.backend or ("cuda" if args.plan.startswith("h200") else "cpu")  # h200x2 too
     results = run_plan(PLANS[args.plan], args.out, backend, args.steps, args.deadline, args.timeout, args.only)
     if args.pack:
         for p in pack(args.out, args.pack, args.plan):

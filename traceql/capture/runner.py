@@ -139,6 +139,11 @@ def capture(
         base_env["CUDA_VISIBLE_DEVICES"] = ""
     else:
         base_env["NCCL_DEBUG"] = "INFO"
+        # ProcessGroupNCCL's Flight Recorder: the last collectives of each rank, dumped when the watchdog times out
+        # (the desync scenario), one pickle per rank beside the traces.
+        base_env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "2000"
+        base_env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
+        base_env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(out / "nccl_trace_rank_")
     if sc.compiled:
         base_env["TORCH_TRACE"] = str(out / "torch_trace")
         base_env["TORCH_LOGS"] = "recompiles,graph_breaks"

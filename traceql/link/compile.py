@@ -300,6 +300,8 @@ def compile_cache_divergence(run: Run) -> pl.DataFrame:
         maj_rank = r["_maj_ranks"][0]
         mine = _load(comps.get((r["rank"], r["_cid"], r["graph_seq"])))
         theirs = _load(comps.get((maj_rank, r["_cid"], r["graph_seq"])))
+        if mine is not None and theirs is not None and _device_index_only(mine, theirs):
+            continue  # each rank compiled for its own GPU (cuda:1 vs cuda:0), as every multi-GPU job does
         acc = row(r["rank"], r["_cid"], "key")
         if not acc["keyed"]:
             acc.update(cache_key=r["cache_key"], majority_key=r["majority_key"],
@@ -309,6 +311,9 @@ def compile_cache_divergence(run: Run) -> pl.DataFrame:
             acc["unknown"] = True
             continue
         for n in sorted(set(mine) | set(theirs)):
+            a, b = (mine.get(n) or {}).get("value"), (theirs.get(n) or {}).get("value")
+            if a is not None and b is not None and a != b and _DEVICE_INDEX.sub("#", a) == _DEVICE_INDEX.sub("#", b):
+                continue  # this input differs only by its rank's own GPU index: not the difference to name
             if (mine.get(n) or {}).get("hash") != (theirs.get(n) or {}).get("hash") and n not in acc["names"]:
                 acc["names"][n] = (f"{n}: {_short(n, (mine.get(n) or {}).get('value'))} (rank {r['rank']}) vs "
                                    f"{_short(n, (theirs.get(n) or {}).get('value'))} (rank {maj_rank})")
@@ -328,6 +333,25 @@ def compile_cache_divergence(run: Run) -> pl.DataFrame:
 
     rows = [_divergence_row(acc, rank in partial) for (rank, _), acc in per.items()]
     return pl.DataFrame(rows, schema=schema).sort("compile_id", "rank")
+
+
+_DEVICE_INDEX = re.compile(r"index=\d+|cuda:\d+")
+
+
+def _device_index_only(mine: dict, theirs: dict) -> bool:
+    """Whether two graphs' key components differ only in the device index they name (device(type='cuda', index=1)
+    vs index=0), with the graph's own hash allowed to differ alongside (the device is baked into it). Such keys
+    differ on every multi-GPU job, each rank compiling for its own GPU: not a divergence."""
+    moved = False
+    for n in set(mine) | set(theirs):
+        a, b = mine.get(n) or {}, theirs.get(n) or {}
+        if a.get("hash") == b.get("hash"):
+            continue
+        va, vb = a.get("value"), b.get("value")
+        if va is None or vb is None or _DEVICE_INDEX.sub("#", va) != _DEVICE_INDEX.sub("#", vb):
+            return False
+        moved = moved or va != vb
+    return moved
 
 
 def _ranks(rs) -> str:
