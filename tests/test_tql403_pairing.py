@@ -150,3 +150,21 @@ def test_a_missing_graph_within_a_compile_id_is_a_count_not_a_key_difference(tmp
     assert div["differing"].to_list() == [None]
     (f,) = _findings(d)
     assert "5 FX graph(s) on rank 1 vs 6 on rank(s) 0" in f.message
+
+
+def test_two_gpus_differ_by_device_index_only_and_stay_quiet():
+    """On two GPUs every FX graph key differs, rank 1 compiling for cuda:1 and rank 0 for cuda:0: not a divergence."""
+    run = _run(FIXTURES / "h200x2-ddp-compiled")
+    events = link.ensure(run, "compile_events")
+    keys = events.filter(pl.col("cache_key").is_not_null()).group_by("rank").agg(pl.col("cache_key").unique())
+    assert keys.height == 2 and set(keys["cache_key"][0]).isdisjoint(keys["cache_key"][1])  # the keys really differ
+    assert _findings(FIXTURES / "h200x2-ddp-compiled") == []
+
+
+def test_two_gpus_name_the_shape_not_the_device_index():
+    (f,) = _findings(FIXTURES / "h200x2-divergent-compile")
+    assert f.ranks == [1]
+    values = f.evidence["differing_values"]
+    assert "[2056, 2048]" in values and "[2048, 2048]" in values  # rank 1's bigger batch
+    # inputs that differ only in the GPU index (the weights) are not among the named components
+    assert all("2056" in part or "index" not in part for part in values.split("; "))
