@@ -1,14 +1,15 @@
 """Kineto / Chrome trace JSON (torch.profiler export_chrome_trace), plain or gzip.
 
 Three readers, one set of tables:
-- The compiled scanner (_kscan.c, built by setup.py where a C compiler is): the file is read block by block (gzip
-  inflated one block ahead in a thread) and the traceEvents array is cut at event boundaries (Kineto's
-  "  },\n  {", other indentations, one-line "}, {"); each chunk of ~32 MB is scanned in C straight into Arrow
-  columns (strings as codes into the chunk's distinct values, times already in ns), handed to polars without a
-  copy, and each event's table is worked out once per distinct (ph, cat). No Python object is made per event.
+- The compiled scanner (_kscan.c, built by setup.py where a C compiler is): a plain file is memory-mapped and
+  scanned where it lies (each slice's pages released once scanned); gzip is inflated block by block, one block
+  ahead in a thread. The traceEvents array is cut at event boundaries (Kineto's "  },\n  {", other indentations,
+  one-line "}, {"); each ~32 MB chunk is scanned in C straight into Arrow columns (strings as codes into the
+  chunk's distinct values, times already in ns), handed to polars without a copy, and each event's table is worked
+  out once per distinct (ph, cat). No Python object is made per event.
 - msgspec, over chunks of 8 MB (or the scanner's 32 MB ones), into structs that hold only the fields the tables
-  need: where the scanner is not built, and for any chunk the scanner declines (a value of an unexpected type, a key with escapes, invalid
-  JSON...). It gives the same tables (tests/test_kscan.py).
+  need: where the scanner is not built, and for any chunk the scanner declines (a value of an unexpected type, a
+  key with escapes, invalid JSON...). It gives the same tables (tests/test_kscan.py).
 - The fallback (orjson over the whole document) takes B/E events, unknown layouts and damage the chunked paths do
   not handle; it keeps every event in memory, so it is for small or odd files.
 The chunked paths keep one chunk plus the finished columns in memory, whatever the size. Only the host-op nesting
