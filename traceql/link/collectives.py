@@ -78,12 +78,16 @@ def _pg_config(run: Run) -> pl.DataFrame:
 
 
 def _one_source_per_rank(run: Run, c: pl.DataFrame) -> pl.DataFrame:
+    """One source's collectives per rank (two sources are two clocks): a source that timed the collectives' kernels
+    first (arrival and waiting are read from kernel times; a torch.profiler trace recorded under nsys has host events
+    only), then by kind (Kineto carries sequence numbers and group names), then the most timed calls."""
     kinds = _source_kinds(run)
     per = (
         c.group_by("rank", "source")
-        .agg(pl.col("ts").is_not_null().sum().alias("_n_ts"), pl.len().alias("_n"))
+        .agg(pl.col("ts").is_not_null().sum().alias("_n_ts"), pl.len().alias("_n"),
+             (pl.col("kernel_ts").is_not_null().sum() > 0).alias("_kernels"))
         .with_columns(pl.col("source").replace_strict(kinds, default="?").replace_strict(_SOURCE_PREF, default=9).alias("_pref"))
-        .sort(["rank", "_pref", "_n_ts", "source"], descending=[False, False, True, False])
+        .sort(["rank", "_kernels", "_pref", "_n_ts", "source"], descending=[False, True, False, True, False])
     )
     keep = per.unique("rank", keep="first", maintain_order=True)
     dropped = per.join(keep.select("rank", "source"), on=["rank", "source"], how="anti")
