@@ -36,7 +36,7 @@ from traceql.model import Run
 CP_SCHEMA = {"step": pl.Int64, "rank": pl.Int32, "ranks_on_path": pl.List(pl.Int32), "step_ms": pl.Float64,
              "compute_ms": pl.Float64, "exposed_comm_ms": pl.Float64, "host_launch_ms": pl.Float64, "idle_ms": pl.Float64,
              "exposed_comm_pct": pl.Float64, "host_launch_pct": pl.Float64, "path_kernels": pl.Int64, "rank_jumps": pl.Int64,
-             "last_kernel": pl.Utf8}
+             "last_kernel": pl.Utf8, "typical_exposed_comm_pct": pl.Float64}
 
 
 def _note(run: Run, text: str) -> None:
@@ -223,6 +223,10 @@ def critical_path(run: Run) -> pl.DataFrame:
         })
     if not rows:
         return pl.DataFrame(schema=CP_SCHEMA)
+    # the median step's share: whether exposed communication bounds the run's steps, or one outlier step
+    typical = pl.Series([r["exposed_comm_pct"] for r in rows], dtype=pl.Float64).median()
+    for r in rows:
+        r["typical_exposed_comm_pct"] = typical
     return pl.DataFrame(rows, schema=CP_SCHEMA)
 
 
