@@ -66,3 +66,26 @@ def assign_steps(run: Run) -> None:
         by_launch = first_match(df.select(*_BY, "correlation"), launch_step, [*_BY, "correlation"])["_lstep"]
         by_time = _by_time(df, steps)
         run.tables[name] = df.with_columns(by_launch.fill_null(by_time).alias("step"))
+
+
+def step_times(run: Run) -> pl.DataFrame:
+    """Per rank and step: the host range's length (host_ms), the span of the step's GPU work from its first kernel's
+    start to its last kernel's end (gpu_span_ms), and step_ms, the longer of the two. The GPU runs behind the host,
+    so a step's kernels can end well after its host range does: GPU measures are weighed against step_ms."""
+    schema = {"rank": pl.Int32, "step": pl.Int64, "host_ms": pl.Float64, "gpu_span_ms": pl.Float64, "step_ms": pl.Float64}
+    steps = run.table("steps")
+    if steps.height == 0:
+        return pl.DataFrame(schema=schema)
+    st = steps.group_by("rank", "step").agg((pl.col("dur").max() / 1e6).alias("host_ms"))
+    k = run.table("kernels")
+    if k.height and k["step"].null_count() < k.height:
+        span = (k.filter(pl.col("step").is_not_null()).group_by("rank", "step")
+                .agg(((pl.col("end").max() - pl.col("ts").min()) / 1e6).alias("gpu_span_ms")))
+        st = st.join(span, on=["rank", "step"], how="left")
+    else:
+        st = st.with_columns(pl.lit(None, dtype=pl.Float64).alias("gpu_span_ms"))
+    return st.with_columns(pl.max_horizontal("host_ms", "gpu_span_ms").alias("step_ms")).select(
+        [pl.col(c).cast(t) for c, t in schema.items()]).sort("rank", "step")
+
+
+DERIVED = {"step_times": step_times}

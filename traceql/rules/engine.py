@@ -80,7 +80,8 @@ def _with_step_time(run: Run, out: pl.DataFrame) -> pl.DataFrame:
     """Per-step outputs get the step's duration (step_ms), so rules can weigh a measure against the step."""
     if not {"rank", "step"} <= set(out.columns) or "step_ms" in out.columns:
         return out
-    st = run.table("steps").group_by(["rank", "step"]).agg((pl.col("dur").max() / 1e6).alias("step_ms"))
+    # the longer of the step's host range and its GPU work's span (link.steps.step_times): the GPU runs behind
+    st = link.ensure(run, "step_times").select("rank", "step", "step_ms")
     st = st.with_columns(pl.col("rank").cast(out.schema["rank"]), pl.col("step").cast(out.schema["step"]))
     return out.join(st, on=["rank", "step"], how="left")
 
