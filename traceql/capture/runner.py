@@ -4,7 +4,8 @@ Run dir layout:
     manifest.json                       scenario, command, versions, expected findings
     rank{N}.pt.trace.json.gz            torch.profiler Chrome trace per rank (ProfilerStep#N markers)
     rank{N}.stdout.log / .stderr.log    per-rank output (NCCL_DEBUG=INFO on CUDA, TORCH_LOGS on compiled runs)
-    torch_trace/                        TORCH_TRACE logs, gzipped after the run (compiled scenarios)
+    torch_trace/                        TORCH_TRACE logs, gzipped after the run (set on every run; torch writes
+                                        them only where something compiles)
     torch_compile_debug/                TORCH_COMPILE_DEBUG output (compiled scenarios that keep it small)
     rank{N}.nsys.sqlite                 nsys export (--nsys, where nsys is found)
 """
@@ -144,14 +145,15 @@ def capture(
         base_env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "2000"
         base_env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
         base_env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(out / "nccl_trace_rank_")
+    # TORCH_TRACE on every run: compiled runs log their compiles, eager ones what torch logs structurally (little)
+    base_env["TORCH_TRACE"] = str(out / "torch_trace")
     if sc.compiled:
-        base_env["TORCH_TRACE"] = str(out / "torch_trace")
         base_env["TORCH_LOGS"] = "recompiles,graph_breaks"
         if sc.compile_debug:
             base_env["TORCH_COMPILE_DEBUG"] = "1"
             base_env["TORCH_COMPILE_DEBUG_DIR"] = str(out)
     else:
-        for k in ("TORCH_TRACE", "TORCH_LOGS", "TORCH_COMPILE_DEBUG", "TORCH_COMPILE_DEBUG_DIR"):
+        for k in ("TORCH_LOGS", "TORCH_COMPILE_DEBUG", "TORCH_COMPILE_DEBUG_DIR"):
             base_env.pop(k, None)
 
     worker = [sys.executable, "-m", "traceql.capture.worker", "--scenario", scenario, "--out", str(out),
