@@ -325,3 +325,21 @@ def test_mapped_and_copying_readers_cut_the_same_chunks(tmp_path, monkeypatch):
     _same(ta, tb)
     assert a.meta == b.meta and a.status == b.status == "ok"
     assert ta["collectives"].height > 0
+
+
+def test_a_file_that_cannot_be_mapped_is_read_block_by_block(tmp_path, monkeypatch):
+    import mmap as mmap_module
+
+    data = _plain_copy(tmp_path)
+    p = tmp_path / "plain.json"
+    p.write_bytes(data)
+    want = kineto.read(p, Source(p, "kineto"))
+
+    def refuse(*a, **k):
+        raise OSError("mmap not supported on this file system")
+
+    monkeypatch.setattr(mmap_module, "mmap", refuse)
+    src = Source(p, "kineto")
+    got = kineto.read(p, src)
+    assert src.status == "ok" and src.meta["parser"] == "chunks"
+    _same(got, want)

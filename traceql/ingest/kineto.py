@@ -1163,7 +1163,11 @@ def _parse_mapped(path: Path, source: Source) -> tuple[dict, _Acc]:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             raise _Fallback("empty file")
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):  # a file system that cannot map: read it block by block instead
+            return _parse_chunked(path, source)
+        with mm:
             return _scan_mapped(mm, size, source)
 
 
