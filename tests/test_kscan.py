@@ -168,15 +168,18 @@ def _tables(acc: kineto._Acc) -> dict:
 def _both(buf: bytes) -> tuple:
     """The scanner's and msgspec's reading of one chunk: (accumulator or the exception, scanned?)."""
     out = []
-    for use in (True, False):
-        kineto._USE_KSCAN = use
-        acc = kineto._Acc()
-        try:
-            kineto._decode_chunk(bytearray(buf), len(buf), acc, 0)
-            out.append(acc)
-        except Exception as e:
-            out.append(type(e).__name__)
-    kineto._USE_KSCAN = kineto._kscan is not None
+    orig = kineto._USE_KSCAN
+    try:
+        for use in (True, False):
+            kineto._USE_KSCAN = use
+            acc = kineto._Acc()
+            try:
+                kineto._decode_chunk(bytearray(buf), len(buf), acc, 0)
+                out.append(acc)
+            except Exception as e:
+                out.append(type(e).__name__)
+    finally:
+        kineto._USE_KSCAN = orig
     return out[0], out[1], _kscan.scan(bytearray(buf), len(buf)) is not None
 
 
@@ -288,7 +291,7 @@ def test_nest_matches_the_python_sweep():
     assert got[1].max() >= 3  # really nested
 
 
-def _plain_copy(tmp_path: Path) -> bytes:
+def _plain_copy() -> bytes:
     import gzip
 
     return gzip.decompress((SAMPLES / "demo" / "rank0.pt.trace.json.gz").read_bytes())
@@ -299,7 +302,7 @@ def _plain_copy(tmp_path: Path) -> bytes:
 def test_truncated_plain_files_read_the_same_mapped_or_not(tmp_path, monkeypatch, frac, block):
     """Plain files are scanned in place (memory-mapped); a cut anywhere, and any chunk size, gives what the
     msgspec path gives: the same complete events, status and note."""
-    data = _plain_copy(tmp_path)
+    data = _plain_copy()
     p = tmp_path / f"cut-{frac}-{block}.json"
     p.write_bytes(data[: max(1, int(len(data) * frac))])
     monkeypatch.setattr(kineto, "_BLOCK", block)
@@ -314,7 +317,7 @@ def test_mapped_and_copying_readers_cut_the_same_chunks(tmp_path, monkeypatch):
     the same array: both give the same tables, chunk boundaries and collective args included."""
     import gzip
 
-    data = _plain_copy(tmp_path)
+    data = _plain_copy()
     plain, packed = tmp_path / "t.json", tmp_path / "t.json.gz"
     plain.write_bytes(data)
     packed.write_bytes(gzip.compress(data, 1))
@@ -330,7 +333,7 @@ def test_mapped_and_copying_readers_cut_the_same_chunks(tmp_path, monkeypatch):
 def test_a_file_that_cannot_be_mapped_is_read_block_by_block(tmp_path, monkeypatch):
     import mmap as mmap_module
 
-    data = _plain_copy(tmp_path)
+    data = _plain_copy()
     p = tmp_path / "plain.json"
     p.write_bytes(data)
     want = kineto.read(p, Source(p, "kineto"))

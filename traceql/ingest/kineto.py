@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import functools
 import gc
+import json
 import mmap
 import os
 import re
@@ -685,8 +686,6 @@ class _Acc:
             try:
                 d = orjson.loads(raw)
             except orjson.JSONDecodeError:  # an int beyond 64 bits: the stdlib keeps it
-                import json
-
                 d = json.loads(raw)
             return {k: v for k in keys if (v := d.get(k)) is not None}
 

@@ -312,7 +312,7 @@ def compile_cache_divergence(run: Run) -> pl.DataFrame:
             continue
         for n in sorted(set(mine) | set(theirs)):
             a, b = (mine.get(n) or {}).get("value"), (theirs.get(n) or {}).get("value")
-            if a is not None and b is not None and a != b and _DEVICE_INDEX.sub("#", a) == _DEVICE_INDEX.sub("#", b):
+            if _only_device_differs(a, b):
                 continue  # this input differs only by its rank's own GPU index: not the difference to name
             if (mine.get(n) or {}).get("hash") != (theirs.get(n) or {}).get("hash") and n not in acc["names"]:
                 acc["names"][n] = (f"{n}: {_short(n, (mine.get(n) or {}).get('value'))} (rank {r['rank']}) vs "
@@ -348,10 +348,15 @@ def _device_index_only(mine: dict, theirs: dict) -> bool:
         if a.get("hash") == b.get("hash"):
             continue
         va, vb = a.get("value"), b.get("value")
-        if va is None or vb is None or _DEVICE_INDEX.sub("#", va) != _DEVICE_INDEX.sub("#", vb):
+        if va is None or vb is None or (va != vb and not _only_device_differs(va, vb)):
             return False
         moved = moved or va != vb
     return moved
+
+
+def _only_device_differs(a: str | None, b: str | None) -> bool:
+    """Two component values that differ, and only in the device index they name."""
+    return a is not None and b is not None and a != b and _DEVICE_INDEX.sub("#", a) == _DEVICE_INDEX.sub("#", b)
 
 
 def _ranks(rs) -> str:
