@@ -86,16 +86,24 @@ def test_scanner_gives_the_msgspec_tables_on_the_corpus(rel, corpus, monkeypatch
 def test_scanner_takes_the_chunks_of_real_traces(monkeypatch):
     """Not a silent decline everywhere: every chunk of the recorded traces goes through the scanner."""
     calls = {"took": 0, "declined": 0}
-    real = _kscan.scan
+    real = _kscan.Scanner
 
     class Spy:
         nest = staticmethod(_kscan.nest)
 
-        @staticmethod
-        def scan(buf, n):
-            got = real(buf, n)
-            calls["took" if got is not None else "declined"] += 1
-            return got
+        class Scanner:
+            def __init__(self, *a):
+                self.real = real(*a)
+                self.take = self.real.take
+
+            def feed(self, *a):
+                got = self.real.feed(*a)
+                calls["took" if got is not None else "declined"] += 1
+                return got
+
+            @property
+            def pending(self):
+                return self.real.pending
 
     monkeypatch.setattr(kineto, "_kscan", Spy)
     monkeypatch.setattr(kineto, "_USE_KSCAN", True)
@@ -161,6 +169,17 @@ _plain_event = st.fixed_dictionaries(
 )
 
 
+def _scanner() -> _kscan.Scanner:
+    return _kscan.Scanner(kineto._classify, kineto._SCAN_BUCKETS)
+
+
+def _scan(buf: bytearray):
+    """One JSON array through a fresh scanner: (n, strings, buckets, colls), or None where it declines."""
+    sc = _scanner()
+    n = sc.feed(buf, len(buf))
+    return None if n is None else (n, *sc.take())
+
+
 def _tables(acc: kineto._Acc) -> dict:
     return {b: acc.frame(b) for b in kineto._BUCKET_COLS}
 
@@ -175,12 +194,13 @@ def _both(buf: bytes) -> tuple:
             acc = kineto._Acc()
             try:
                 kineto._decode_chunk(bytearray(buf), len(buf), acc, 0)
+                acc.flush()
                 out.append(acc)
             except Exception as e:
                 out.append(type(e).__name__)
     finally:
         kineto._USE_KSCAN = orig
-    return out[0], out[1], _kscan.scan(bytearray(buf), len(buf)) is not None
+    return out[0], out[1], _scan(bytearray(buf)) is not None
 
 
 def _agree(a, b) -> None:
@@ -222,25 +242,57 @@ def test_odd_values_are_declined_not_misread():
                 '{"p\\u0068": "X"}', '{"ph": "X", "name": "\\ud800"}', '{"ph": "X", "args": []}',
                 '{"ph": "X", "name": "a\x01b"}', '[1]', '{"ph": "X"} x']:
         buf = bytearray(("[" + odd + "]").encode())
-        assert _kscan.scan(buf, len(buf)) is None, odd
+        assert _scan(buf) is None, odd
 
 
 def test_values_the_scanner_reads_itself():
     buf = bytearray(json.dumps([
         {"ph": "X", "cat": "kernel", "name": "k\u00e9", "pid": "Spans", "tid": "-7", "ts": 1.0005, "dur": 3,
-         "args": {"External id": None, "external id": 5, "event": 9, "Collective name": "allreduce"}},
+         "args": {"External id": None, "external id": 5, "Collective name": "allreduce"}},
         {"ph": "X", "ts": 1669783687471392, "extra": [[1, {"a": [2.5e-3, None]}]]},
+        {"ph": "X", "cat": "cuda_sync", "name": "Event Sync", "ts": 2, "args": {"event": 9}},
     ]).encode())
-    n, strings, cols = _kscan.scan(buf, len(buf))
-    assert n == 2
-    assert strings == ["X", "kernel", "k\u00e9", "Spans"]
-    i64 = lambda name, row: int.from_bytes(cols[name][0][8 * row : 8 * row + 8], "little", signed=True)
-    assert i64("tid", 0) == -7 and i64("ts", 0) == 1000 + 0 and i64("dur", 0) == 3000
-    assert i64("ts", 1) == 1669783687471392000 and i64("dur", 1) == 0
-    assert i64("external_id", 0) == 5 and i64("event", 0) == 9
-    lo, hi = i64("args_start", 0), i64("args_end", 0)
-    assert json.loads(buf[lo:hi])["Collective name"] == "allreduce"
-    assert cols["args_start"][2] == 1  # the second event's args hold no collective key
+    n, strings, buckets, colls = _scan(buf)
+    assert n == 3
+    assert strings == ["X", "kernel", "k\u00e9", "Spans", "cuda_sync", "Event Sync"]
+    assert {b: m for b, (m, _) in buckets.items() if m} == {"k": 1, "h": 1, "s": 1}
+    k, h, sy = buckets["k"][1], buckets["h"][1], buckets["s"][1]
+    assert sorted(k) == sorted(dict(kineto._SCAN_BUCKETS)["k"])  # each table gets its own fields, no others
+    i64 = lambda col, row=0: int.from_bytes(col[0][8 * row : 8 * row + 8], "little", signed=True)
+    u32 = lambda col, row=0: int.from_bytes(col[0][4 * row : 4 * row + 4], "little")
+    assert strings[u32(k["name"])] == "k\u00e9" and strings[u32(k["pid_s"])] == "Spans" and k["pid"][2] == 1
+    assert i64(k["tid"]) == -7 and i64(k["ts"]) == 1000 + 0 and i64(k["dur"]) == 3000 and i64(k["id"]) == 0
+    assert i64(k["external_id"]) == 5
+    assert i64(h["ts"]) == 1669783687471392000 and i64(h["dur"]) == 0 and i64(h["id"]) == 1
+    assert i64(sy["event"]) == 9 and i64(sy["id"]) == 2
+    assert [(i, json.loads(raw)["Collective name"]) for i, raw in colls] == [(0, "allreduce")]
+
+
+def test_a_declined_slice_leaves_nothing_behind():
+    """feed() either takes a whole slice or none of it: rows read before the bad event are rolled back."""
+    sc = _scanner()
+    good = bytearray(b'[{"ph": "X", "cat": "kernel", "name": "a", "ts": 1, "args": {"Collective name": "x"}}]')
+    assert sc.feed(good, len(good), 0, False, 0) == 1
+    bad = bytearray(b'[{"ph": "X", "cat": "kernel", "name": "b", "ts": 2, "args": {"Seq": 1}}, {"ph": 1}]')
+    assert sc.feed(bad, len(bad), 0, False, 1) is None
+    assert sc.pending == 1
+    strings, buckets, colls = sc.take()
+    assert buckets["k"][0] == 1 and [i for i, _ in colls] == [0]
+    assert sc.pending == 0 and sc.take()[1]["k"][0] == 0
+
+
+def test_classify_errors_surface():
+    """A classify that fails is a bug to see, not a slice to decline."""
+    def boom(ph, cat):
+        raise RuntimeError("boom")
+
+    sc = _kscan.Scanner(boom, kineto._SCAN_BUCKETS)
+    buf = bytearray(b'[{"ph": "X"}]')
+    with pytest.raises(RuntimeError, match="boom"):
+        sc.feed(buf, len(buf))
+    sc = _kscan.Scanner(lambda ph, cat: 99, kineto._SCAN_BUCKETS)
+    with pytest.raises(ValueError, match="not a bucket"):
+        sc.feed(buf, len(buf))
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,23 +1,29 @@
-/* Kineto chunk scanner: one JSON array of trace events -> the columns traceql's tables need, without making a
- * Python object per event.
+/* Kineto event scanner: JSON trace events -> the columns of traceql's tables, without making a Python object per
+ * event.
  *
- * scan(buffer, end, start=0, bare=False) reads buffer[start:end], which must be a JSON array of event objects
- * (bare: the events and the commas between them, as cut out of an array without copying), and returns
- * (n, strings, columns), or None when anything in the chunk is outside what this scanner takes on
- * (a value of an unexpected type, a key with escapes, an int beyond int64, invalid JSON, raw control characters,
- * invalid UTF-8...). None is not an error: the caller then decodes the chunk with its general (msgspec) path, which
- * turns every such case into the same tables or into its own error. So this file only has to be exact on what it
- * accepts, and it accepts the shapes every profiler writes.
+ * A Scanner is made once per file: Scanner(classify, buckets). buckets is a list of (name, [field, ...]): the tables
+ * an event can go to, each with the fields it keeps ("id" is the event's index in the file). classify(ph, cat) -> the
+ * index of an event's bucket, called once per distinct (ph, cat) pair of the file (str or None each).
  *
- * - strings: the distinct string values of the chunk (ph, cat, name, non-numeric pid/tid, cuda_sync_kind), decoded;
- * - columns: name -> (data bytes, validity bitmap bytes or None, null count). String fields are uint32 indexes
- *   into strings; numbers are int64. ts and dur are converted from microseconds to int64 nanoseconds the way
- *   kineto._ns does (floats: floor, then the fraction rounded half to even); external_id is "External id", else
- *   "external id"; event is "wait_on_cuda_event_id", else "event"; pid/tid strings of digits are numbers,
- *   other pid/tid strings go to pid_s/tid_s;
- * - columns args_start / args_end: the byte span of the args object of each event whose args hold a collective
- *   key ("Collective name", "Process Group Name", ...), null for the others, so that the caller can parse the few
- *   collective calls' args in full.
+ * feed(buffer, end, start, bare, i0) reads buffer[start:end], a JSON array of event objects (bare: the events and
+ * the commas between them, as cut out of an array without copying), numbering its events from i0. Each event's
+ * fields go straight to its bucket's columns. It returns the number of events, or None when anything in the slice
+ * is outside what this scanner takes on (a value of an unexpected type, a key with escapes, an int beyond int64,
+ * invalid JSON, raw control characters, invalid UTF-8...): the slice is then rolled back as if never fed. None is
+ * not an error: the caller then decodes the slice with its general (msgspec) path, which turns every such case into
+ * the same tables or into its own error. So this file only has to be exact on what it accepts, and it accepts the
+ * shapes every profiler writes.
+ *
+ * take() -> (strings, {bucket: (n, {field: (data, validity or None, null count)})}, colls) hands over the rows fed
+ * since the last take (the buffers are given away, not copied) and starts new ones:
+ * - strings: the distinct string values of the file so far (ph, cat, name, non-numeric pid/tid, cuda_sync_kind),
+ *   decoded; string fields are uint32 codes into it. Codes stay valid for the whole file.
+ * - numbers are int64. ts and dur are converted from microseconds to int64 nanoseconds the way kineto._ns does
+ *   (floats: floor, then the fraction rounded half to even); external_id is "External id", else "external id";
+ *   event is "wait_on_cuda_event_id", else "event"; pid/tid strings of digits are numbers, other pid/tid strings go
+ *   to pid_s/tid_s.
+ * - colls: [(id, args bytes)] for the events whose args hold a collective key ("Collective name", "Process Group
+ *   Name", ...), so that the caller can parse those few args objects in full.
  *
  * Nothing here trusts the input: every read is bounds-checked against length, nesting depth is capped, and the
  * output only ever grows by appends with checked sizes. */
@@ -53,112 +59,6 @@ static inline uint64_t special8(uint64_t x) {
 }
 
 /* ---- output columns ------------------------------------------------------------------------------------------ */
-
-typedef struct {
-    PyObject *data_obj;   /* bytearrays, handed to Python without a copy */
-    PyObject *valid_obj;
-    unsigned char *data;  /* int64 or uint32 values */
-    unsigned char *valid; /* validity bitmap, LSB first (Arrow) */
-    Py_ssize_t width;     /* bytes per value */
-    Py_ssize_t nulls;
-} Col;
-
-enum {
-    C_PH, C_CAT, C_NAME, C_PID_S, C_TID_S, C_SYNC_KIND, /* uint32 string codes */
-    C_PID, C_TID, C_TS, C_DUR, C_FLOW_ID, C_DEVICE, C_STREAM, C_CORRELATION, C_EXTERNAL_ID, C_BYTES, C_EVENT,
-    C_ARGS_START, C_ARGS_END,
-    N_COLS
-};
-#define N_STR_COLS 6
-static const char *COL_NAMES[N_COLS] = {
-    "ph", "cat", "name", "pid_s", "tid_s", "sync_kind",
-    "pid", "tid", "ts", "dur", "flow_id", "device", "stream", "correlation", "external_id", "bytes", "event",
-    "args_start", "args_end",
-};
-
-/* ---- string interning (per chunk) ---------------------------------------------------------------------------- */
-
-typedef struct {
-    uint64_t hash;
-    Py_ssize_t off; /* raw (escaped) bytes in the buffer */
-    Py_ssize_t len;
-    uint32_t code;
-    int used;
-} Slot;
-
-typedef struct {
-    Slot *slots;
-    Py_ssize_t cap; /* power of two */
-    Py_ssize_t count;
-    PyObject *list; /* decoded str objects, by code */
-} Intern;
-
-typedef struct {
-    Cur c;
-    Intern in;
-    Col cols[N_COLS];
-    Py_ssize_t n, cap;
-    char *tmp; /* scratch for unescaping */
-    Py_ssize_t tmp_cap;
-    Py_ssize_t hint; /* first capacity: rows a chunk of this size likely holds */
-    int bail; /* set: the input is outside this scanner's remit */
-    int oom;
-} Scan;
-
-static uint64_t hash_bytes(const unsigned char *s, Py_ssize_t n) {
-    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n;
-    Py_ssize_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        h ^= load64(s + i);
-        h *= 0xFF51AFD7ED558CCDULL;
-        h ^= h >> 32;
-    }
-    uint64_t t = 0;
-    memcpy(&t, s + i, (size_t)(n - i));
-    h ^= t;
-    h *= 0xC4CEB9FE1A85EC53ULL;
-    return h ^ (h >> 29);
-}
-
-static int col_grow(Scan *s, Py_ssize_t hint) {
-    Py_ssize_t ncap = s->cap ? s->cap * 2 : (hint > 4096 ? hint : 4096);
-    if (ncap > (PY_SSIZE_T_MAX / 16)) return -1;
-    for (int i = 0; i < N_COLS; i++) {
-        Col *c = &s->cols[i];
-        if (!c->data_obj) {
-            c->data_obj = PyByteArray_FromStringAndSize(NULL, 0);
-            c->valid_obj = PyByteArray_FromStringAndSize(NULL, 0);
-            if (!c->data_obj || !c->valid_obj) return -1;
-        }
-        if (PyByteArray_Resize(c->data_obj, ncap * c->width) < 0) return -1;
-        if (PyByteArray_Resize(c->valid_obj, (ncap + 7) / 8) < 0) return -1;
-        c->data = (unsigned char *)PyByteArray_AS_STRING(c->data_obj);
-        c->valid = (unsigned char *)PyByteArray_AS_STRING(c->valid_obj);
-        memset(c->data + s->cap * c->width, 0, (size_t)((ncap - s->cap) * c->width)); /* nulls hold 0 */
-        memset(c->valid + (s->cap + 7) / 8, 0, (size_t)((ncap + 7) / 8 - (s->cap + 7) / 8));
-    }
-    s->cap = ncap;
-    return 0;
-}
-
-static inline void set_i64(Scan *s, int col, int64_t v) {
-    Col *c = &s->cols[col];
-    ((int64_t *)c->data)[s->n] = v;
-    c->valid[s->n >> 3] |= (unsigned char)(1u << (s->n & 7));
-}
-
-static inline void set_u32(Scan *s, int col, uint32_t v) {
-    Col *c = &s->cols[col];
-    ((uint32_t *)c->data)[s->n] = v;
-    c->valid[s->n >> 3] |= (unsigned char)(1u << (s->n & 7));
-}
-
-static inline void clear_row(Scan *s, int col) {
-    Col *c = &s->cols[col];
-    memset(c->data + s->n * c->width, 0, (size_t)c->width);
-    c->valid[s->n >> 3] &= (unsigned char)~(1u << (s->n & 7));
-}
-
 /* ---- lexing -------------------------------------------------------------------------------------------------- */
 
 static inline void skip_ws(Cur *c) {
@@ -295,14 +195,136 @@ static Py_ssize_t unescape(const unsigned char *s, Py_ssize_t len, char *out) {
     return o;
 }
 
+
+/* ---- fields, buckets and the scanner ------------------------------------------------------------------------- */
+
+enum {
+    F_PH, F_CAT, F_NAME, F_PID_S, F_TID_S, F_SYNC_KIND, /* uint32 string codes */
+    F_PID, F_TID, F_TS, F_DUR, F_FLOW_ID, F_DEVICE, F_STREAM, F_CORRELATION, F_EXTERNAL_ID, F_BYTES, F_EVENT,
+    F_ID, /* the event's index in the file */
+    N_FIELDS
+};
+#define N_STR_FIELDS 6
+static const char *FIELD_NAMES[N_FIELDS] = {
+    "ph", "cat", "name", "pid_s", "tid_s", "sync_kind",
+    "pid", "tid", "ts", "dur", "flow_id", "device", "stream", "correlation", "external_id", "bytes", "event", "id",
+};
+#define BIT(f) (1u << (f))
+/* the args fields: a repeated "args" key replaces the first one whole */
+#define ARGS_FIELDS (BIT(F_SYNC_KIND) | BIT(F_DEVICE) | BIT(F_STREAM) | BIT(F_CORRELATION) | BIT(F_EXTERNAL_ID) | \
+                     BIT(F_BYTES) | BIT(F_EVENT))
+
+typedef struct {
+    PyObject *data_obj;   /* bytearrays, handed to Python without a copy */
+    PyObject *valid_obj;
+    unsigned char *data;  /* int64 or uint32 values */
+    unsigned char *valid; /* validity bitmap, LSB first (Arrow) */
+    int field;
+    Py_ssize_t width;     /* bytes per value */
+} Col;
+
+#define MAX_BUCKETS 32
+typedef struct {
+    PyObject *name;
+    int ncols;
+    Col cols[N_FIELDS];
+    Py_ssize_t n, cap; /* rows since the last take, and room */
+} Bucket;
+
+typedef struct {
+    uint64_t hash;
+    Py_ssize_t off; /* raw (escaped) bytes in the arena */
+    Py_ssize_t len;
+    uint32_t code;
+    int used;
+} Slot;
+
+typedef struct {
+    uint64_t key; /* (ph code + 1) << 32 | (cat code + 1); 0: null */
+    int bucket;
+    int used;
+} Kind;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *classify;
+    PyObject *strings; /* decoded str objects, by code */
+    Slot *slots;       /* interned strings, by their raw bytes */
+    Py_ssize_t scap, scount;
+    char *arena;
+    Py_ssize_t arena_len, arena_cap;
+    Kind *kinds;       /* (ph, cat) -> bucket */
+    Py_ssize_t kcap, kcount;
+    Bucket buckets[MAX_BUCKETS];
+    int nb;
+    PyObject *colls;   /* [(id, args bytes)] */
+    char *tmp;         /* scratch for unescaping */
+    Py_ssize_t tmp_cap;
+} Scanner;
+
+/* One feed: the cursor, and the event being read (its fields, staged until its bucket is known). */
+typedef struct {
+    Cur c;
+    Scanner *sc;
+    int64_t row[N_FIELDS];
+    uint32_t has;
+    const unsigned char *args_lo, *args_hi; /* the args object, when it holds a collective key */
+    int64_t i0, idx;
+    int oom;
+    int err; /* a Python exception is set (classify failed) */
+} Feed;
+
+static uint64_t hash_bytes(const unsigned char *s, Py_ssize_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        h ^= load64(s + i);
+        h *= 0xFF51AFD7ED558CCDULL;
+        h ^= h >> 32;
+    }
+    uint64_t t = 0;
+    memcpy(&t, s + i, (size_t)(n - i));
+    h ^= t;
+    h *= 0xC4CEB9FE1A85EC53ULL;
+    return h ^ (h >> 29);
+}
+
+static inline void set_f(Feed *f, int field, int64_t v) {
+    f->row[field] = v;
+    f->has |= BIT(field);
+}
+
+static inline void clear_f(Feed *f, int field) { f->has &= ~BIT(field); }
+
+static int bucket_grow(Bucket *b) {
+    Py_ssize_t ncap = b->cap ? b->cap * 2 : 4096;
+    if (ncap > (PY_SSIZE_T_MAX / 16)) return -1;
+    for (int i = 0; i < b->ncols; i++) {
+        Col *c = &b->cols[i];
+        if (!c->data_obj) {
+            c->data_obj = PyByteArray_FromStringAndSize(NULL, 0);
+            c->valid_obj = PyByteArray_FromStringAndSize(NULL, 0);
+            if (!c->data_obj || !c->valid_obj) return -1;
+        }
+        if (PyByteArray_Resize(c->data_obj, ncap * c->width) < 0) return -1;
+        if (PyByteArray_Resize(c->valid_obj, (ncap + 7) / 8) < 0) return -1;
+        c->data = (unsigned char *)PyByteArray_AS_STRING(c->data_obj);
+        c->valid = (unsigned char *)PyByteArray_AS_STRING(c->valid_obj);
+    }
+    b->cap = ncap;
+    return 0;
+}
+
+/* ---- string interning (per file) ----------------------------------------------------------------------------- */
+
 /* The code of a string value, interned by its raw bytes. -1: bail (bad escape, bad UTF-8, out of memory). */
-static int64_t intern(Scan *s, const unsigned char *raw, Py_ssize_t len, int esc) {
-    Intern *in = &s->in;
-    if (in->count * 2 >= in->cap) {
-        Py_ssize_t ncap = in->cap ? in->cap * 2 : 1024;
+static int64_t intern(Feed *f, const unsigned char *raw, Py_ssize_t len, int esc) {
+    Scanner *in = f->sc;
+    if (in->scount * 2 >= in->scap) {
+        Py_ssize_t ncap = in->scap ? in->scap * 2 : 1024;
         Slot *ns = calloc((size_t)ncap, sizeof(Slot));
-        if (!ns) { s->oom = 1; return -1; }
-        for (Py_ssize_t i = 0; i < in->cap; i++) {
+        if (!ns) { f->oom = 1; return -1; }
+        for (Py_ssize_t i = 0; i < in->scap; i++) {
             if (!in->slots[i].used) continue;
             Py_ssize_t j = (Py_ssize_t)(in->slots[i].hash & (uint64_t)(ncap - 1));
             while (ns[j].used) j = (j + 1) & (ncap - 1);
@@ -310,26 +332,26 @@ static int64_t intern(Scan *s, const unsigned char *raw, Py_ssize_t len, int esc
         }
         free(in->slots);
         in->slots = ns;
-        in->cap = ncap;
+        in->scap = ncap;
     }
     uint64_t h = hash_bytes(raw, len);
-    Py_ssize_t j = (Py_ssize_t)(h & (uint64_t)(in->cap - 1));
+    Py_ssize_t j = (Py_ssize_t)(h & (uint64_t)(in->scap - 1));
     while (in->slots[j].used) {
         Slot *sl = &in->slots[j];
-        if (sl->hash == h && sl->len == len && memcmp(s->c.base + sl->off, raw, (size_t)len) == 0) return sl->code;
-        j = (j + 1) & (in->cap - 1);
+        if (sl->hash == h && sl->len == len && memcmp(in->arena + sl->off, raw, (size_t)len) == 0) return sl->code;
+        j = (j + 1) & (in->scap - 1);
     }
     PyObject *str;
     if (esc) {
-        if (len > s->tmp_cap) {
-            char *t = realloc(s->tmp, (size_t)len + 1);
-            if (!t) { s->oom = 1; return -1; }
-            s->tmp = t;
-            s->tmp_cap = len;
+        if (len > in->tmp_cap) {
+            char *t = realloc(in->tmp, (size_t)len + 1);
+            if (!t) { f->oom = 1; return -1; }
+            in->tmp = t;
+            in->tmp_cap = len;
         }
-        Py_ssize_t n = unescape(raw, len, s->tmp);
+        Py_ssize_t n = unescape(raw, len, in->tmp);
         if (n < 0) return -1;
-        str = PyUnicode_DecodeUTF8(s->tmp, n, "strict");
+        str = PyUnicode_DecodeUTF8(in->tmp, n, "strict");
     } else {
         str = PyUnicode_DecodeUTF8((const char *)raw, len, "strict");
     }
@@ -337,22 +359,33 @@ static int64_t intern(Scan *s, const unsigned char *raw, Py_ssize_t len, int esc
         PyErr_Clear(); /* invalid UTF-8: the general path decides */
         return -1;
     }
-    if (in->count >= UINT32_MAX - 1 || PyList_Append(in->list, str) < 0) {
+    if (in->arena_len + len > in->arena_cap) {
+        Py_ssize_t ncap = in->arena_cap ? in->arena_cap : 1 << 16;
+        while (ncap < in->arena_len + len) ncap *= 2;
+        char *a = realloc(in->arena, (size_t)ncap);
+        if (!a) { Py_DECREF(str); f->oom = 1; return -1; }
+        in->arena = a;
+        in->arena_cap = ncap;
+    }
+    if (in->scount >= UINT32_MAX - 1 || PyList_Append(in->strings, str) < 0) {
         Py_DECREF(str);
         PyErr_Clear();
-        s->oom = 1;
+        f->oom = 1;
         return -1;
     }
     Py_DECREF(str);
+    memcpy(in->arena + in->arena_len, raw, (size_t)len);
     Slot *sl = &in->slots[j];
     sl->used = 1;
     sl->hash = h;
-    sl->off = raw - s->c.base;
+    sl->off = in->arena_len;
     sl->len = len;
-    sl->code = (uint32_t)in->count;
-    in->count++;
+    sl->code = (uint32_t)in->scount;
+    in->arena_len += len;
+    in->scount++;
     return sl->code;
 }
+
 
 /* ---- numbers ------------------------------------------------------------------------------------------------- */
 
@@ -539,20 +572,21 @@ static inline int is_null(Cur *c) {
     return c->end - c->p >= 4 && memcmp(c->p, "null", 4) == 0;
 }
 
+
 /* A string field -> its code; null -> null; anything else bails. */
-static int field_str(Scan *s, int col) {
-    Cur *c = &s->c;
+static int field_str(Feed *f, int field) {
+    Cur *c = &f->c;
     if (c->p < c->end && *c->p == '"') {
         const unsigned char *raw;
         Py_ssize_t n;
         int esc;
         if (lex_string(c, &raw, &n, &esc) < 0) return -1;
-        int64_t code = intern(s, raw, n, esc);
+        int64_t code = intern(f, raw, n, esc);
         if (code < 0) return -1;
-        set_u32(s, col, (uint32_t)code);
+        set_f(f, field, code);
         return 0;
     }
-    if (is_null(c)) { c->p += 4; clear_row(s, col); return 0; }
+    if (is_null(c)) { c->p += 4; clear_f(f, field); return 0; }
     return -1;
 }
 
@@ -570,34 +604,34 @@ static int read_int(Cur *c, int *present, int64_t *v) {
 }
 
 /* An integer field; null -> null. */
-static int field_int(Scan *s, int col) {
+static int field_int(Feed *f, int field) {
     int present;
     int64_t v;
-    if (read_int(&s->c, &present, &v) < 0) return -1;
-    if (present) set_i64(s, col, v);
-    else clear_row(s, col);
+    if (read_int(&f->c, &present, &v) < 0) return -1;
+    if (present) set_f(f, field, v);
+    else clear_f(f, field);
     return 0;
 }
 
 /* A time field (microseconds) -> nanoseconds. */
-static int field_time(Scan *s, int col) {
-    Cur *c = &s->c;
-    if (is_null(c)) { c->p += 4; clear_row(s, col); return 0; }
+static int field_time(Feed *f, int field) {
+    Cur *c = &f->c;
+    if (is_null(c)) { c->p += 4; clear_f(f, field); return 0; }
     if (c->p < c->end && (*c->p == '-' || (*c->p >= '0' && *c->p <= '9'))) {
         Num v;
         int64_t ns;
         if (lex_number(c, &v) < 0) return -1;
-        if (us_to_ns(&v, &ns)) set_i64(s, col, ns);
-        else clear_row(s, col);
+        if (us_to_ns(&v, &ns)) set_f(f, field, ns);
+        else clear_f(f, field);
         return 0;
     }
     return -1;
 }
 
 /* pid / tid: an int; a string of ASCII digits (one optional leading '-', no leading zero) is that number; another
- * string is a name (the _s column). Anything else bails. */
-static int field_id(Scan *s, int col, int name_col) {
-    Cur *c = &s->c;
+ * string is a name (the _s field). Anything else bails. */
+static int field_id(Feed *f, int field, int name_field) {
+    Cur *c = &f->c;
     if (c->p < c->end && *c->p == '"') {
         const unsigned char *raw;
         Py_ssize_t n;
@@ -615,18 +649,18 @@ static int field_id(Scan *s, int col, int name_col) {
             if (i > 1 || (raw[i] == '0' && n - i > 1) || n - i > 18) return -1;
             int64_t v = 0;
             for (Py_ssize_t k = i; k < n; k++) v = v * 10 + (raw[k] - '0');
-            set_i64(s, col, i ? -v : v);
-            clear_row(s, name_col);
+            set_f(f, field, i ? -v : v);
+            clear_f(f, name_field);
             return 0;
         }
-        int64_t code = intern(s, raw, n, 0);
+        int64_t code = intern(f, raw, n, 0);
         if (code < 0) return -1;
-        clear_row(s, col);
-        set_u32(s, name_col, (uint32_t)code);
+        clear_f(f, field);
+        set_f(f, name_field, code);
         return 0;
     }
-    clear_row(s, name_col);
-    return field_int(s, col);
+    clear_f(f, name_field);
+    return field_int(f, field);
 }
 
 /* ---- events -------------------------------------------------------------------------------------------------- */
@@ -662,9 +696,9 @@ static int is_coll_key(const unsigned char *k, Py_ssize_t n) {
            KEY("dtype") || KEY("Seq") || KEY("seq") || KEY("seq_num") || KEY("Seq num") || KEY("sequence_number");
 }
 
-/* The args object at c->p. ext2 / wait_event hold the second choices until the event is done. */
-static int parse_args(Scan *s, int *ext2_set, int64_t *ext2, int *ev2_set, int64_t *ev2) {
-    Cur *c = &s->c;
+/* The args object at c->p. ext2 / ev2 hold the second choices until the event is done. */
+static int parse_args(Feed *f, int *ext2_set, int64_t *ext2, int *ev2_set, int64_t *ev2) {
+    Cur *c = &f->c;
     const unsigned char *start = c->p;
     int coll = 0;
     c->p++;
@@ -680,23 +714,23 @@ static int parse_args(Scan *s, int *ext2_set, int64_t *ext2, int *ev2_set, int64
         int r = 1; /* 1: not a field of ours */
         switch (n) {
         case 5:
-            if (KEY("bytes")) r = field_int(s, C_BYTES);
+            if (KEY("bytes")) r = field_int(f, F_BYTES);
             else if (KEY("event")) r = read_int(c, ev2_set, ev2); /* second choices, applied at the end */
             break;
         case 6:
-            if (KEY("device")) r = field_int(s, C_DEVICE);
-            else if (KEY("stream")) r = field_int(s, C_STREAM);
+            if (KEY("device")) r = field_int(f, F_DEVICE);
+            else if (KEY("stream")) r = field_int(f, F_STREAM);
             break;
         case 11:
-            if (KEY("correlation")) r = field_int(s, C_CORRELATION);
-            else if (KEY("External id")) r = field_int(s, C_EXTERNAL_ID);
+            if (KEY("correlation")) r = field_int(f, F_CORRELATION);
+            else if (KEY("External id")) r = field_int(f, F_EXTERNAL_ID);
             else if (KEY("external id")) r = read_int(c, ext2_set, ext2);
             break;
         case 14:
-            if (KEY("cuda_sync_kind")) r = field_str(s, C_SYNC_KIND);
+            if (KEY("cuda_sync_kind")) r = field_str(f, F_SYNC_KIND);
             break;
         case 21:
-            if (KEY("wait_on_cuda_event_id")) r = field_int(s, C_EVENT);
+            if (KEY("wait_on_cuda_event_id")) r = field_int(f, F_EVENT);
             break;
         }
         if (r == 1) {
@@ -707,17 +741,98 @@ static int parse_args(Scan *s, int *ext2_set, int64_t *ext2, int *ev2_set, int64
         if (r == 1) break;
     }
     if (coll) {
-        set_i64(s, C_ARGS_START, start - c->base);
-        set_i64(s, C_ARGS_END, c->p - c->base);
+        f->args_lo = start;
+        f->args_hi = c->p;
     }
     return 0;
 }
 
-static int parse_event(Scan *s) {
-    Cur *c = &s->c;
-    if (s->n >= s->cap && col_grow(s, s->hint) < 0) { s->oom = 1; return -1; }
-    /* row n is all null and zero: rows are appended once, and growth zeroes them */
-    set_i64(s, C_DUR, 0); /* dur defaults to 0 when absent */
+/* The bucket of a (ph, cat) pair: looked up, or asked of classify once. -1: a Python exception is set. */
+static int kind_of(Feed *f, uint64_t key) {
+    Scanner *sc = f->sc;
+    if (sc->kcount * 2 >= sc->kcap) {
+        Py_ssize_t ncap = sc->kcap ? sc->kcap * 2 : 64;
+        Kind *nk = calloc((size_t)ncap, sizeof(Kind));
+        if (!nk) { PyErr_NoMemory(); return -1; }
+        for (Py_ssize_t i = 0; i < sc->kcap; i++) {
+            if (!sc->kinds[i].used) continue;
+            Py_ssize_t j = (Py_ssize_t)((sc->kinds[i].key * 0x9E3779B97F4A7C15ULL) >> 40) & (ncap - 1);
+            while (nk[j].used) j = (j + 1) & (ncap - 1);
+            nk[j] = sc->kinds[i];
+        }
+        free(sc->kinds);
+        sc->kinds = nk;
+        sc->kcap = ncap;
+    }
+    Py_ssize_t j = (Py_ssize_t)((key * 0x9E3779B97F4A7C15ULL) >> 40) & (sc->kcap - 1);
+    while (sc->kinds[j].used) {
+        if (sc->kinds[j].key == key) return sc->kinds[j].bucket;
+        j = (j + 1) & (sc->kcap - 1);
+    }
+    uint32_t ph = (uint32_t)(key >> 32), cat = (uint32_t)key;
+    PyObject *a = ph ? PyList_GET_ITEM(sc->strings, ph - 1) : Py_None;
+    PyObject *b = cat ? PyList_GET_ITEM(sc->strings, cat - 1) : Py_None;
+    PyObject *got = PyObject_CallFunctionObjArgs(sc->classify, a, b, NULL);
+    if (!got) return -1;
+    long v = PyLong_AsLong(got);
+    Py_DECREF(got);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < 0 || v >= sc->nb) {
+        PyErr_Format(PyExc_ValueError, "classify returned %ld, not a bucket index", v);
+        return -1;
+    }
+    sc->kinds[j].used = 1;
+    sc->kinds[j].key = key;
+    sc->kinds[j].bucket = (int)v;
+    sc->kcount++;
+    return (int)v;
+}
+
+/* The event read: appended to its bucket's columns. */
+static int commit(Feed *f) {
+    uint64_t key = ((f->has & BIT(F_PH)) ? ((uint64_t)f->row[F_PH] + 1) << 32 : 0) |
+                   ((f->has & BIT(F_CAT)) ? (uint64_t)f->row[F_CAT] + 1 : 0);
+    int bi = kind_of(f, key);
+    if (bi < 0) { f->err = 1; return -1; }
+    Bucket *b = &f->sc->buckets[bi];
+    int64_t id = f->i0 + f->idx;
+    if (b->ncols) {
+        if (b->n >= b->cap && bucket_grow(b) < 0) { f->oom = 1; return -1; }
+        f->row[F_ID] = id;
+        f->has |= BIT(F_ID);
+        Py_ssize_t r = b->n;
+        unsigned char bit = (unsigned char)(1u << (r & 7));
+        for (int i = 0; i < b->ncols; i++) {
+            Col *c = &b->cols[i];
+            int fl = c->field;
+            int on = (f->has >> fl) & 1;
+            int64_t v = on ? f->row[fl] : 0;
+            if (c->width == 8) ((int64_t *)c->data)[r] = v;
+            else ((uint32_t *)c->data)[r] = (uint32_t)v;
+            if (on) c->valid[r >> 3] |= bit;
+            else c->valid[r >> 3] &= (unsigned char)~bit;
+        }
+    }
+    b->n++;
+    if (f->args_lo) {
+        PyObject *t = Py_BuildValue("(Ly#)", (long long)id, (const char *)f->args_lo,
+                                    (Py_ssize_t)(f->args_hi - f->args_lo));
+        if (!t || PyList_Append(f->sc->colls, t) < 0) {
+            Py_XDECREF(t);
+            PyErr_Clear();
+            f->oom = 1;
+            return -1;
+        }
+        Py_DECREF(t);
+    }
+    return 0;
+}
+
+static int parse_event(Feed *f) {
+    Cur *c = &f->c;
+    f->has = BIT(F_DUR); /* dur defaults to 0 when absent */
+    f->row[F_DUR] = 0;
+    f->args_lo = f->args_hi = NULL;
     int ext2_set = 0, ev2_set = 0, seen_args = 0;
     int64_t ext2 = 0, ev2 = 0;
     if (c->p >= c->end || *c->p != '{') return -1;
@@ -733,22 +848,22 @@ static int parse_event(Scan *s) {
             int r = 1; /* 1: not a field of ours */
             switch (n) { /* by length, then bytes: most keys are one of these */
             case 2:
-                if (k[0] == 'p' && k[1] == 'h') r = field_str(s, C_PH);
-                else if (k[0] == 't' && k[1] == 's') r = field_time(s, C_TS);
-                else if (k[0] == 'i' && k[1] == 'd') r = field_int(s, C_FLOW_ID);
+                if (k[0] == 'p' && k[1] == 'h') r = field_str(f, F_PH);
+                else if (k[0] == 't' && k[1] == 's') r = field_time(f, F_TS);
+                else if (k[0] == 'i' && k[1] == 'd') r = field_int(f, F_FLOW_ID);
                 break;
             case 3:
-                if (!memcmp(k, "cat", 3)) r = field_str(s, C_CAT);
-                else if (!memcmp(k, "pid", 3)) r = field_id(s, C_PID, C_PID_S);
-                else if (!memcmp(k, "tid", 3)) r = field_id(s, C_TID, C_TID_S);
-                else if (!memcmp(k, "dur", 3)) r = field_time(s, C_DUR);
+                if (!memcmp(k, "cat", 3)) r = field_str(f, F_CAT);
+                else if (!memcmp(k, "pid", 3)) r = field_id(f, F_PID, F_PID_S);
+                else if (!memcmp(k, "tid", 3)) r = field_id(f, F_TID, F_TID_S);
+                else if (!memcmp(k, "dur", 3)) r = field_time(f, F_DUR);
                 break;
             case 4:
-                if (!memcmp(k, "name", 4)) r = field_str(s, C_NAME);
+                if (!memcmp(k, "name", 4)) r = field_str(f, F_NAME);
                 else if (!memcmp(k, "args", 4)) {
                     if (seen_args) { /* a repeated args key replaces the first one whole */
-                        for (int i = C_DEVICE; i < N_COLS; i++) clear_row(s, i);
-                        clear_row(s, C_SYNC_KIND);
+                        f->has &= ~ARGS_FIELDS;
+                        f->args_lo = f->args_hi = NULL;
                         ext2_set = ev2_set = 0;
                     }
                     seen_args = 1;
@@ -756,7 +871,7 @@ static int parse_event(Scan *s) {
                         c->p += 4;
                         r = 0;
                     } else if (c->p < c->end && *c->p == '{') {
-                        r = parse_args(s, &ext2_set, &ext2, &ev2_set, &ev2);
+                        r = parse_args(f, &ext2_set, &ext2, &ev2_set, &ev2);
                     } else {
                         r = -1;
                     }
@@ -768,16 +883,15 @@ static int parse_event(Scan *s) {
             if (r == 1) break;
         }
     }
-    Col *e = &s->cols[C_EXTERNAL_ID];
-    if (ext2_set && !((e->valid[s->n >> 3] >> (s->n & 7)) & 1)) set_i64(s, C_EXTERNAL_ID, ext2);
-    Col *v = &s->cols[C_EVENT];
-    if (ev2_set && !((v->valid[s->n >> 3] >> (s->n & 7)) & 1)) set_i64(s, C_EVENT, ev2);
-    s->n++;
+    if (ext2_set && !(f->has & BIT(F_EXTERNAL_ID))) set_f(f, F_EXTERNAL_ID, ext2);
+    if (ev2_set && !(f->has & BIT(F_EVENT))) set_f(f, F_EVENT, ev2);
+    if (commit(f) < 0) return -1;
+    f->idx++;
     return 0;
 }
 
-static int scan_array(Scan *s) {
-    Cur *c = &s->c;
+static int scan_array(Feed *f) {
+    Cur *c = &f->c;
     skip_ws(c);
     if (c->p >= c->end || *c->p != '[') return -1;
     c->p++;
@@ -787,7 +901,7 @@ static int scan_array(Scan *s) {
     } else {
         for (;;) {
             skip_ws(c);
-            if (parse_event(s) < 0) return -1;
+            if (parse_event(f) < 0) return -1;
             skip_ws(c);
             if (c->p >= c->end) return -1;
             if (*c->p == ',') { c->p++; continue; }
@@ -800,12 +914,12 @@ static int scan_array(Scan *s) {
 }
 
 /* Bare: events separated by commas, no brackets (a slice of the array, cut between two events). */
-static int scan_bare(Scan *s) {
-    Cur *c = &s->c;
+static int scan_bare(Feed *f) {
+    Cur *c = &f->c;
     skip_ws(c);
     if (c->p >= c->end) return 0;
     for (;;) {
-        if (parse_event(s) < 0) return -1;
+        if (parse_event(f) < 0) return -1;
         skip_ws(c);
         if (c->p >= c->end) return 0;
         if (*c->p != ',') return -1;
@@ -814,22 +928,121 @@ static int scan_bare(Scan *s) {
     }
 }
 
-/* ---- module -------------------------------------------------------------------------------------------------- */
 
-static void scan_free(Scan *s) {
-    for (int i = 0; i < N_COLS; i++) {
-        Py_XDECREF(s->cols[i].data_obj);
-        Py_XDECREF(s->cols[i].valid_obj);
+/* ---- the Scanner type ---------------------------------------------------------------------------------------- */
+
+static void bucket_release(Bucket *b) {
+    for (int i = 0; i < b->ncols; i++) {
+        Py_CLEAR(b->cols[i].data_obj);
+        Py_CLEAR(b->cols[i].valid_obj);
+        b->cols[i].data = b->cols[i].valid = NULL;
     }
-    free(s->in.slots);
-    free(s->tmp);
-    Py_XDECREF(s->in.list);
+    b->n = b->cap = 0;
 }
 
-static PyObject *col_tuple(Scan *s, int i) {
-    Col *c = &s->cols[i];
-    Py_ssize_t n = s->n, set = 0, nb = n / 8;
-    if (!c->data_obj) return Py_BuildValue("(y#On)", "", (Py_ssize_t)0, Py_None, n); /* no rows */
+static void scanner_dealloc(Scanner *sc) {
+    for (int i = 0; i < sc->nb; i++) {
+        bucket_release(&sc->buckets[i]);
+        Py_XDECREF(sc->buckets[i].name);
+    }
+    Py_XDECREF(sc->classify);
+    Py_XDECREF(sc->strings);
+    Py_XDECREF(sc->colls);
+    free(sc->slots);
+    free(sc->arena);
+    free(sc->kinds);
+    free(sc->tmp);
+    Py_TYPE(sc)->tp_free((PyObject *)sc);
+}
+
+static int scanner_init(Scanner *sc, PyObject *args, PyObject *kw) {
+    PyObject *classify, *buckets;
+    if (!PyArg_ParseTuple(args, "OO!", &classify, &PyList_Type, &buckets)) return -1;
+    if (sc->strings) {
+        PyErr_SetString(PyExc_TypeError, "Scanner is initialised once");
+        return -1;
+    }
+    if (!PyCallable_Check(classify)) {
+        PyErr_SetString(PyExc_TypeError, "classify must be callable");
+        return -1;
+    }
+    Py_ssize_t nb = PyList_GET_SIZE(buckets);
+    if (nb < 1 || nb > MAX_BUCKETS) {
+        PyErr_Format(PyExc_ValueError, "1 to %d buckets", MAX_BUCKETS);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        PyObject *name, *fields;
+        PyObject *item = PyList_GET_ITEM(buckets, i);
+        if (!PyArg_ParseTuple(item, "UO!", &name, &PyList_Type, &fields)) return -1;
+        Bucket *b = &sc->buckets[i];
+        Py_ssize_t nf = PyList_GET_SIZE(fields);
+        if (nf > N_FIELDS) {
+            PyErr_SetString(PyExc_ValueError, "too many fields");
+            return -1;
+        }
+        for (Py_ssize_t j = 0; j < nf; j++) {
+            const char *fname = PyUnicode_AsUTF8(PyList_GET_ITEM(fields, j));
+            if (!fname) return -1;
+            int fl = -1;
+            for (int k = 0; k < N_FIELDS; k++)
+                if (strcmp(fname, FIELD_NAMES[k]) == 0) fl = k;
+            if (fl < 0) {
+                PyErr_Format(PyExc_ValueError, "unknown field %s", fname);
+                return -1;
+            }
+            b->cols[j].field = fl;
+            b->cols[j].width = fl < N_STR_FIELDS ? 4 : 8;
+        }
+        b->ncols = (int)nf;
+        b->name = Py_NewRef(name);
+        sc->nb = (int)i + 1;
+    }
+    sc->classify = Py_NewRef(classify);
+    sc->strings = PyList_New(0);
+    sc->colls = PyList_New(0);
+    return sc->strings && sc->colls ? 0 : -1;
+}
+
+static PyObject *scanner_feed(Scanner *sc, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t length, start = 0;
+    long long i0 = 0;
+    int bare = 0;
+    if (!sc->strings) {
+        PyErr_SetString(PyExc_TypeError, "Scanner not initialised");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "y*n|npL", &view, &length, &start, &bare, &i0)) return NULL;
+    if (length < 0 || length > view.len || start < 0 || start > length) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "length out of range");
+        return NULL;
+    }
+    Py_ssize_t was[MAX_BUCKETS];
+    for (int i = 0; i < sc->nb; i++) was[i] = sc->buckets[i].n;
+    Py_ssize_t colls_was = PyList_GET_SIZE(sc->colls);
+    Feed f;
+    memset(&f, 0, sizeof(f));
+    f.sc = sc;
+    f.c.base = (const unsigned char *)view.buf;
+    f.c.p = f.c.base + start;
+    f.c.end = f.c.base + length;
+    f.i0 = i0;
+    int r = bare ? scan_bare(&f) : scan_array(&f);
+    PyBuffer_Release(&view);
+    if (r < 0) { /* roll back: as if never fed (interned strings stay: unused codes are harmless) */
+        for (int i = 0; i < sc->nb; i++) sc->buckets[i].n = was[i];
+        if (PyList_SetSlice(sc->colls, colls_was, PyList_GET_SIZE(sc->colls), NULL) < 0) return NULL;
+        if (f.err) return NULL;
+        if (f.oom) return PyErr_NoMemory();
+        Py_RETURN_NONE;
+    }
+    return PyLong_FromLongLong((long long)f.idx);
+}
+
+static PyObject *col_tuple(Col *c, Py_ssize_t n) {
+    Py_ssize_t set = 0, nb = n / 8;
     for (Py_ssize_t b = 0; b < nb; b++) set += __builtin_popcount(c->valid[b]);
     for (Py_ssize_t r = nb * 8; r < n; r++) set += (c->valid[r >> 3] >> (r & 7)) & 1;
     Py_ssize_t nulls = n - set;
@@ -839,52 +1052,79 @@ static PyObject *col_tuple(Scan *s, int i) {
     return Py_BuildValue("(OOn)", c->data_obj, valid, nulls);
 }
 
-static PyObject *kscan_scan(PyObject *self, PyObject *args) {
-    Py_buffer view;
-    Py_ssize_t length, start = 0;
-    int bare = 0;
-    if (!PyArg_ParseTuple(args, "y*n|np", &view, &length, &start, &bare)) return NULL;
-    if (length < 0 || length > view.len || start < 0 || start > length) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "length out of range");
+static PyObject *scanner_take(Scanner *sc, PyObject *unused) {
+    if (!sc->strings) {
+        PyErr_SetString(PyExc_TypeError, "Scanner not initialised");
         return NULL;
     }
-    Scan s;
-    memset(&s, 0, sizeof(s));
-    s.c.base = (const unsigned char *)view.buf;
-    s.c.p = s.c.base + start;
-    s.c.end = s.c.base + length;
-    s.hint = (length - start) / 192;
-    for (int i = 0; i < N_COLS; i++) s.cols[i].width = i < N_STR_COLS ? 4 : 8;
-    s.in.list = PyList_New(0);
-    PyObject *result = NULL;
-    if (!s.in.list) goto done;
-    int r = bare ? scan_bare(&s) : scan_array(&s);
-    if (s.oom) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (r < 0) {
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
-    PyObject *cols = PyDict_New();
-    if (!cols) goto done;
-    for (int i = 0; i < N_COLS; i++) {
-        PyObject *t = col_tuple(&s, i);
-        if (!t || PyDict_SetItemString(cols, COL_NAMES[i], t) < 0) {
-            Py_XDECREF(t);
-            Py_DECREF(cols);
-            goto done;
+    PyObject *out = PyDict_New();
+    if (!out) return NULL;
+    for (int i = 0; i < sc->nb; i++) {
+        Bucket *b = &sc->buckets[i];
+        PyObject *cols = PyDict_New();
+        if (!cols) goto fail;
+        for (int j = 0; j < b->ncols && b->n; j++) {
+            PyObject *t = col_tuple(&b->cols[j], b->n);
+            if (!t || PyDict_SetItemString(cols, FIELD_NAMES[b->cols[j].field], t) < 0) {
+                Py_XDECREF(t);
+                Py_DECREF(cols);
+                goto fail;
+            }
+            Py_DECREF(t);
         }
-        Py_DECREF(t);
+        PyObject *entry = Py_BuildValue("(nN)", b->n, cols);
+        if (!entry || PyDict_SetItem(out, b->name, entry) < 0) {
+            Py_XDECREF(entry);
+            goto fail;
+        }
+        Py_DECREF(entry);
+        bucket_release(b); /* the buffers now belong to the caller; the next rows get new ones */
     }
-    result = Py_BuildValue("(nON)", s.n, s.in.list, cols);
-done:
-    scan_free(&s);
-    PyBuffer_Release(&view);
-    return result;
+    PyObject *colls = sc->colls;
+    sc->colls = PyList_New(0);
+    if (!sc->colls) {
+        sc->colls = colls;
+        goto fail;
+    }
+    return Py_BuildValue("(ONN)", sc->strings, out, colls);
+fail:
+    Py_DECREF(out);
+    return NULL;
 }
+
+static PyObject *scanner_pending(Scanner *sc, void *closure) {
+    Py_ssize_t n = 0;
+    for (int i = 0; i < sc->nb; i++) n += sc->buckets[i].n;
+    return PyLong_FromSsize_t(n);
+}
+
+static PyMethodDef scanner_methods[] = {
+    {"feed", (PyCFunction)scanner_feed, METH_VARARGS,
+     "feed(buffer, end, start=0, bare=False, i0=0) -> events read, or None (declined, rolled back)."},
+    {"take", (PyCFunction)scanner_take, METH_NOARGS,
+     "take() -> (strings, {bucket: (n, {field: (data, validity, nulls)})}, [(id, args bytes)]): the rows since the\n"
+     "last take."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef scanner_getset[] = {
+    {"pending", (getter)scanner_pending, NULL, "rows fed since the last take", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ScannerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "traceql.ingest._kscan.Scanner",
+    .tp_basicsize = sizeof(Scanner),
+    .tp_dealloc = (destructor)scanner_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Scanner(classify, buckets): Kineto events -> per-bucket columns (see _kscan.c).",
+    .tp_methods = scanner_methods,
+    .tp_getset = scanner_getset,
+    .tp_init = (initproc)scanner_init,
+    .tp_new = PyType_GenericNew,
+};
+
 
 /* nest(ts, end, flags, rows, n) -> (parent, depth): the host-op nesting sweep of kineto._nest over intervals sorted
  * by (pid, tid, ts, -end). ts/end: int64; flags: uint8 (1: first row of a thread, 2: ts is null); rows: uint32, the
@@ -960,13 +1200,19 @@ out:
 static PyMethodDef methods[] = {
     {"nest", kscan_nest, METH_VARARGS,
      "nest(ts, end, flags, rows, n) -> (parent, depth): the per-thread nesting sweep over sorted intervals."},
-    {"scan", kscan_scan, METH_VARARGS,
-     "scan(buffer, end, start=0, bare=False) -> (n, strings, columns) | None: the columns of the JSON array of\n"
-     "Kineto events in buffer[start:end] (bare: comma-separated events without the brackets)."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kscan", "Kineto chunk scanner (see _kscan.c).", -1,
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kscan", "Kineto event scanner (see _kscan.c).", -1,
                                     methods};
 
-PyMODINIT_FUNC PyInit__kscan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__kscan(void) {
+    if (PyType_Ready(&ScannerType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    if (PyModule_AddObjectRef(m, "Scanner", (PyObject *)&ScannerType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -537,6 +537,24 @@ def _bucket_expr(ph: pl.Expr, cat: pl.Expr) -> pl.Expr:
     )
 
 
+# The compiled scanner's buckets: (table, the fields it keeps), in the order _classify numbers them.
+_SCAN_BUCKETS = [("", []), *((b, list(cols)) for b, cols in _BUCKET_COLS.items()), ("skip", ["cat"]), ("i", []),
+                 ("be", [])]
+_SCAN_INDEX = {b: i for i, (b, _) in enumerate(_SCAN_BUCKETS)}
+_TEXT_FIELDS = frozenset({"ph", "cat", "name", "pid_s", "tid_s", "sync_kind"})
+# Scanner rows per flush into table parts: about 300 MB of JSON. Fewer flushes cost fewer polars calls; each flush
+# briefly holds its rows twice (the scanner's columns and the built table part).
+_FLUSH_ROWS = 1 << 20
+
+
+@functools.lru_cache(maxsize=4096)
+def _classify(ph: str | None, cat: str | None) -> int:
+    """The scanner's bucket of an event, by _bucket_expr itself (so both paths route alike); once per distinct
+    (ph, cat) of a file."""
+    b = pl.select(_bucket_expr(pl.lit(ph, dtype=pl.String), pl.lit(cat, dtype=pl.String))).item()
+    return _SCAN_INDEX[b or ""]
+
+
 class _Acc:
     """Accumulates the per-table columns of each chunk of events, plus the few facts read per event."""
 
@@ -550,6 +568,7 @@ class _Acc:
         self.mtia = False
         self.ctrl = 0  # raw control characters escaped
         self.be: list = []  # B/E events (orjson path only)
+        self.scanner = None  # the compiled scanner's rows since the last flush
 
     # One chunk: lists of field values, in file order, starting at event index i0.
     def add_columns(self, i0: int, c: dict, args_of, idx: list | None = None) -> None:
@@ -605,8 +624,12 @@ class _Acc:
                 (names == "record_param_comms") | names.str.contains("(?i)" + _ANNOT.pattern).fill_null(False)
             )
             calls = h.filter(pl.col("name").is_in(names.implode()))
-            for i, pos in calls.select("id", "_pos").iter_rows():
-                self.coll_args[i] = args_of(pos)
+            if "_pos" in h.columns:  # msgspec's chunks: args by position in the chunk
+                for i, pos in calls.select("id", "_pos").iter_rows():
+                    self.coll_args[i] = args_of(pos)
+            else:  # the scanner's rows: args by event id
+                for i in calls["id"]:
+                    self.coll_args[i] = args_of(i)
         r = parts.get("r")
         if r is not None and not self.mtia:
             self.mtia = bool((r["cat"] == "mtia_runtime").any())
@@ -634,55 +657,51 @@ class _Acc:
 
         self.add_columns(i0, c, args_of)
 
-    def add_scanned(self, i0: int, got: tuple, buf) -> None:
-        """One chunk from the compiled scanner. Its columns arrive as Arrow buffers and its strings as codes into
-        the chunk's distinct values, so each event's table is worked out once per distinct (ph, cat) and each
-        table's rows take only their own columns; only the collective calls' args are parsed again, in full,
-        from their bytes."""
-        n, strings, cols = got
-        self.n_events += n
-        if not n:
+    def feed(self, buf, end: int, start: int = 0, bare: bool = False, i0: int = 0) -> int | None:
+        """Events buf[start:end] through the compiled scanner, straight into their tables' columns; None when the
+        scanner declines them (nothing is kept then, and msgspec's path takes them)."""
+        if self.scanner is None:
+            self.scanner = _kscan.Scanner(_classify, _SCAN_BUCKETS)
+        got = self.scanner.feed(buf, end, start, bare, i0)
+        if got is not None:
+            self.n_events += got
+            if self.scanner.pending >= _FLUSH_ROWS:
+                self.flush()
+        return got
+
+    def flush(self) -> None:
+        """The scanner's rows since the last flush become table parts. Strings arrive as codes into the file's
+        distinct values and numbers as Arrow buffers, each table with only its own columns; only the collective
+        calls' args are parsed again, in full, from their bytes."""
+        if self.scanner is None or not self.scanner.pending:
             return
-        text = ("ph", "cat", "name", "pid_s", "tid_s", "sync_kind")
-        arrays = {}
-        for name, (data, valid, nulls) in cols.items():
-            typ = pa.uint32() if name in text else pa.int64()
-            bufs = [None if valid is None else pa.py_buffer(valid), pa.py_buffer(data)]
-            arrays[name] = pa.Array.from_buffers(typ, n, bufs, null_count=nulls)
-        tbl = _frame(pa.table(arrays))
+        strings, buckets, colls = self.scanner.take()
         none = len(strings)
-        at = pl.Series(strings, dtype=pl.String).append(pl.Series([None], dtype=pl.String))  # code `none`: null
-        # The table of each event, worked out once per distinct (ph, cat).
-        key = tbl.select(pl.col("ph").fill_null(none).cast(pl.UInt64) * (1 << 32) + pl.col("cat").fill_null(none)).to_series()
-        pairs = key.unique()
-        kinds = pl.DataFrame({"ph": at.gather(pairs // (1 << 32)), "cat": at.gather(pairs % (1 << 32))}).select(
-            _bucket_expr(pl.col("ph"), pl.col("cat")).fill_null("")
-        ).to_series()
-        tbl = tbl.with_row_index("_pos").with_columns(_b=key.replace_strict(pairs, kinds, return_dtype=pl.String))
+        strs = pl.lit(pl.Series(strings, dtype=pl.String).append(pl.Series([None], dtype=pl.String)))  # none: null
         parts = {}
-        strs = pl.lit(at)
-        for (b,), part in tbl.partition_by("_b", as_dict=True, include_key=False).items():
-            if b == "skip":
-                parts[b] = part.select(cat=strs.gather(pl.col("cat").fill_null(none)))
-            elif b in ("i", "be"):
-                parts[b] = part.select("_pos")
+        for b, (n, cols) in buckets.items():
+            if not n:
+                continue
+            if b == "i":
+                self.n_instant += n
+            elif b == "be":
+                raise _Fallback("B/E events")
             elif b:
-                need = _BUCKET_COLS[b]
-                parts[b] = part.select(
-                    "_pos",
-                    *[(strs.gather(pl.col(c).fill_null(none)) if c in text else pl.col(c)).alias(c) for c in need if c != "id"],
-                    id=pl.col("_pos").cast(pl.Int64) + i0,
-                )
-        # The few events whose args hold collective keys: position -> byte span of their args.
-        spans = {p: (lo, hi) for p, lo, hi in tbl.filter(pl.col("args_start").is_not_null())
-                 .select("_pos", "args_start", "args_end").iter_rows()}
+                arrays = {}
+                for name, (data, valid, nulls) in cols.items():
+                    typ = pa.uint32() if name in _TEXT_FIELDS else pa.int64()
+                    bufs = [None if valid is None else pa.py_buffer(valid), pa.py_buffer(data)]
+                    arrays[name] = pa.Array.from_buffers(typ, n, bufs, null_count=nulls)
+                df = _frame(pa.table(arrays))
+                parts[b] = df.with_columns(strs.gather(pl.col(c).fill_null(none)).alias(c)
+                                           for c in df.columns if c in _TEXT_FIELDS)
+        args = dict(colls)
         keys = [_ARG_KEYS[k] for k in _COLL_ATTRS]
 
-        def args_of(j):
-            span = spans.get(j)
-            if span is None:
+        def args_of(i):
+            raw = args.get(i)
+            if raw is None:
                 return {}
-            raw = bytes(buf[span[0] : span[1]])
             try:
                 d = orjson.loads(raw)
             except orjson.JSONDecodeError:  # an int beyond 64 bits: the stdlib keeps it
@@ -1025,10 +1044,10 @@ def _decode_chunk(buf: bytearray, end: int, acc: _Acc, i0: int) -> int:
     """Decode buf[:end], a JSON list of whole events, into acc; returns the number of events. No copy of the text
     is made unless it holds raw control characters."""
     if _USE_KSCAN:
-        got = _kscan.scan(buf, end)
+        got = acc.feed(buf, end, 0, False, i0)
         if got is not None:  # else a value or form the scanner leaves to msgspec
-            acc.add_scanned(i0, got, buf)
-            return got[0]
+            return got
+        acc.flush()  # the scanner's rows so far go first: tables stay in file order
     mv = memoryview(buf)
     part = mv[:end]
     try:
@@ -1145,6 +1164,7 @@ def _header(prefix: bytes, suffix: bytes | None, size: int, kept_to: int | None,
 def _finish(header, acc: _Acc, notes: list, source: Source) -> tuple[dict, _Acc]:
     if not isinstance(header, dict):
         raise _Fallback("header is not an object")
+    acc.flush()
     header.pop("traceEvents", None)
     if acc.ctrl:
         source.meta["control_chars_escaped"] = acc.ctrl
@@ -1189,16 +1209,14 @@ def _scan_mapped(mm, size: int, source: Source) -> tuple[dict, _Acc]:
 
     def take(lo: int, hi: int) -> int:
         """The events in mm[lo:hi] (whole events and the commas between them)."""
-        got = _kscan.scan(mm, hi, lo, True)
-        if got is not None:
-            acc.add_scanned(n, got, mm)
-        else:  # declined: msgspec's path, on a copy made a JSON list
+        got = acc.feed(mm, hi, lo, True, n)
+        if got is None:  # declined: msgspec's path, on a copy made a JSON list
             buf = bytearray(b"[") + mm[lo:hi] + b"]"
             return _decode_chunk(buf, len(buf), acc, n)
         first, last = lo - lo % page, hi - hi % page  # whole pages only
         if hasattr(mm, "madvise") and last > first:  # let go of the pages scanned (the file keeps them)
             mm.madvise(mmap.MADV_DONTNEED, first, last - first)
-        return got[0]
+        return got
 
     while size - pos > chunk:
         cut = mm.rfind(sep, pos, pos + chunk)
