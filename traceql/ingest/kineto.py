@@ -4,15 +4,16 @@ Three readers, one set of tables:
 - The compiled scanner (_kscan.c, built by setup.py where a C compiler is): a plain file is memory-mapped and
   scanned where it lies (each slice's pages released once scanned); gzip is inflated block by block, one block
   ahead in a thread. The traceEvents array is cut at event boundaries (Kineto's "  },\n  {", other indentations,
-  one-line "}, {"); each ~32 MB chunk is scanned in C straight into Arrow columns (strings as codes into the
-  chunk's distinct values, times already in ns), handed to polars without a copy, and each event's table is worked
-  out once per distinct (ph, cat). No Python object is made per event.
-- msgspec, over chunks of 8 MB (or the scanner's 32 MB ones), into structs that hold only the fields the tables
-  need: where the scanner is not built, and for any chunk the scanner declines (a value of an unexpected type, a
-  key with escapes, invalid JSON...). It gives the same tables (tests/test_kscan.py).
+  one-line "}, {") into 8 MB slices. One Scanner per file reads every slice in C: each event's table is worked out
+  once per distinct (ph, cat), and its fields go straight to that table's Arrow columns (strings as codes into the
+  file's distinct values, times already in ns). About every million rows (once, for most traces) the columns are
+  handed to polars without a copy and become table parts. No Python object is made per event.
+- msgspec, over the same 8 MB slices, into structs that hold only the fields the tables need: where the scanner is
+  not built, and for any slice the scanner declines (a value of an unexpected type, a key with escapes, invalid
+  JSON...). It gives the same tables (tests/test_kscan.py).
 - The fallback (orjson over the whole document) takes B/E events, unknown layouts and damage the chunked paths do
   not handle; it keeps every event in memory, so it is for small or odd files.
-The chunked paths keep one chunk plus the finished columns in memory, whatever the size. Only the host-op nesting
+The chunked paths keep one slice, plus the columns read so far, in memory, whatever the size. Only the host-op nesting
 sweep (in C where built), flow pairing and collectives run over whole tables.
 
 Damaged input is read as far as it goes: a truncated file or gzip stream keeps every complete event
@@ -687,14 +688,15 @@ class _Acc:
             elif b == "be":
                 raise _Fallback("B/E events")
             elif b:
-                arrays = {}
+                arrays, text = {}, []
                 for name, (data, valid, nulls) in cols.items():
                     typ = pa.uint32() if name in _TEXT_FIELDS else pa.int64()
                     bufs = [None if valid is None else pa.py_buffer(valid), pa.py_buffer(data)]
                     arrays[name] = pa.Array.from_buffers(typ, n, bufs, null_count=nulls)
-                df = _frame(pa.table(arrays))
-                parts[b] = df.with_columns(strs.gather(pl.col(c).fill_null(none)).alias(c)
-                                           for c in df.columns if c in _TEXT_FIELDS)
+                    if name in _TEXT_FIELDS:  # codes -> strings; a column of nulls only (pid_s, mostly) stays so
+                        text.append(pl.lit(None, dtype=pl.String).alias(name) if nulls == n else
+                                    strs.gather(pl.col(name).fill_null(none) if nulls else pl.col(name)).alias(name))
+                parts[b] = _frame(pa.table(arrays)).with_columns(text)
         args = dict(colls)
         keys = [_ARG_KEYS[k] for k in _COLL_ATTRS]
 
@@ -970,10 +972,10 @@ def _pair_be(evs: list) -> list:
 # columns built so far; gzip is decompressed block by block. Anything the chunks cannot take (B/E events, values of
 # unexpected types, a damaged header, a wrong cut) goes to the whole-document parser below.
 
-_BLOCK = 8 << 20  # bytes of JSON per chunk for msgspec (about 30k events)
-# The compiled scanner holds ~100 bytes per event rather than msgspec's objects: chunks four times as large halve
-# the polars calls per MB.
-_SCAN_BLOCKS = 4
+# Bytes of JSON per slice (about 30k events): what msgspec decodes at once, and what the compiled scanner reads
+# between two looks at the file (a gzip block inflated, or a mapped range let go of). The scanner's per-slice cost
+# is one call, so small slices cost it nothing and keep the file's bytes in memory small.
+_BLOCK = 8 << 20
 _ARR_HEAD = re.compile(rb'"traceEvents"\s*:\s*\[(\s*)\{')
 
 
@@ -1094,7 +1096,7 @@ def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
     if msgspec is None:
         raise _Fallback("msgspec not installed")
     notes: list[str] = []
-    blocks = _blocks(path, notes, _BLOCK * (_SCAN_BLOCKS if _USE_KSCAN else 1))
+    blocks = _blocks(path, notes, _BLOCK)
     buf = bytearray()
     m = None
     for block in blocks:
@@ -1191,7 +1193,7 @@ def _parse_mapped(path: Path, source: Source) -> tuple[dict, _Acc]:
 
 
 def _scan_mapped(mm, size: int, source: Source) -> tuple[dict, _Acc]:
-    chunk = _BLOCK * _SCAN_BLOCKS
+    chunk = _BLOCK
     m = _ARR_HEAD.search(mm, 0, min(size, 4 * _BLOCK))
     if m is None:
         raise _Fallback("no traceEvents array near the start")

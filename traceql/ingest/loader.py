@@ -91,12 +91,22 @@ def ingest(run_path: Path, sources: list[Source], use_cache: bool = True, jobs: 
     if jobs > 1 and len(todo) > 1 and total >= PARALLEL_MIN_BYTES:
         import multiprocessing as mp
 
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
-            futs = [ex.submit(_ingest_one, s, use_cache) for s in todo]
-            for f in futs:
-                results.append(f.result())
-                if progress:
-                    progress(results[-1][0])
+        # One polars thread per worker: the workers already use every core, and more threads than cores only cost
+        # switching and memory (each thread's allocator arena). Spawned workers read it from the environment as
+        # they start; a value the user set is kept.
+        env_was = os.environ.get("POLARS_MAX_THREADS")
+        if env_was is None:
+            os.environ["POLARS_MAX_THREADS"] = "1"
+        try:
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
+                futs = [ex.submit(_ingest_one, s, use_cache) for s in todo]
+                for f in futs:
+                    results.append(f.result())
+                    if progress:
+                        progress(results[-1][0])
+        finally:
+            if env_was is None:
+                os.environ.pop("POLARS_MAX_THREADS", None)
     else:
         for s in todo:
             results.append(_ingest_one(s, use_cache))
