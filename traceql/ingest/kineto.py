@@ -424,14 +424,34 @@ class _Ids:
     def __init__(self):
         self.strings: dict[str, int] = {}
 
-    def resolve(self, df: pl.DataFrame, col: str) -> pl.Series:
+    def resolve(self, df: pl.DataFrame, col: str, dec) -> pl.Series:
         s = df[col]
         names = df[col + "_s"]
         if names.null_count() == names.len():
             return s
-        for t in names.drop_nulls().unique(maintain_order=True).to_list():
+        keys = names.drop_nulls().unique(maintain_order=True)
+        texts = pl.select(dec(pl.lit(keys))).to_series().to_list()
+        for t in texts:
             self.strings.setdefault(t, -1 - len(self.strings))
-        return s.fill_null(names.replace_strict(self.strings, default=None, return_dtype=pl.Int64))
+        return s.fill_null(names.replace_strict(keys, [self.strings[t] for t in texts], default=None,
+                                                return_dtype=pl.Int64))
+
+
+def _plain(e: pl.Expr) -> pl.Expr:
+    """Text columns that hold their strings (msgspec's parts)."""
+    return e
+
+
+class _Codes:
+    """Text columns held as uint32 codes into the file's distinct strings (the scanner's parts): the builders work
+    per distinct code and decode only what they keep."""
+
+    def __init__(self, strings: list):
+        self.none = len(strings)  # null codes gather the appended null
+        self.strs = pl.lit(pl.Series(strings, dtype=pl.String).append(pl.Series([None], dtype=pl.String)))
+
+    def __call__(self, e: pl.Expr) -> pl.Expr:
+        return self.strs.gather(e.fill_null(self.none))
 
 
 _NOARGS: dict = {}
@@ -608,11 +628,13 @@ class _Acc:
         parts = df.with_row_index("_pos").with_columns(_b=b).partition_by("_b", as_dict=True, include_key=False)
         self._take({b: part for (b,), part in parts.items()}, args_of)
 
-    def _take(self, parts: dict, args_of) -> None:
-        """One chunk's events, split by table (bucket -> rows with their position in the chunk, _pos)."""
+    def _take(self, parts: dict, args_of, dec=_plain) -> None:
+        """One chunk's events, split by table (bucket -> rows, with their position in the chunk, _pos, when they
+        come from msgspec's path); dec gives a text column's strings (the scanner's parts hold codes)."""
         for b, part in parts.items():
             if b == "skip":
-                for c, k in part.select(pl.col("cat").str.to_lowercase()).to_series().value_counts().iter_rows():
+                cats = part.select(dec(pl.col("cat")).str.to_lowercase()).to_series()
+                for c, k in cats.value_counts().iter_rows():
                     self.skipped[c] = self.skipped.get(c, 0) + k
             elif b == "i":
                 self.n_instant += part.height
@@ -620,10 +642,10 @@ class _Acc:
                 raise _Fallback("B/E events")
         h = parts.get("h")
         if h is not None:
-            names = h["name"].unique()
-            names = names.filter(
-                (names == "record_param_comms") | names.str.contains("(?i)" + _ANNOT.pattern).fill_null(False)
-            )
+            text = dec(pl.col("name"))
+            names = h.select(pl.col("name").unique()).filter(
+                (text == "record_param_comms") | text.str.contains("(?i)" + _ANNOT.pattern).fill_null(False)
+            )["name"]
             calls = h.filter(pl.col("name").is_in(names.implode()))
             if "_pos" in h.columns:  # msgspec's chunks: args by position in the chunk
                 for i, pos in calls.select("id", "_pos").iter_rows():
@@ -633,13 +655,13 @@ class _Acc:
                     self.coll_args[i] = args_of(i)
         r = parts.get("r")
         if r is not None and not self.mtia:
-            self.mtia = bool((r["cat"] == "mtia_runtime").any())
+            self.mtia = bool(r.select(pl.col("cat").unique()).select((dec(pl.col("cat")) == "mtia_runtime").any()).item())
         # Each table's rows of this chunk, in their final form (all but the host-op nesting and the flow pairing
         # are per row); string pids get their ids in this fixed order.
         for b, build in (("k", _kernel_rows), ("h", _host_rows), ("r", _runtime_rows), ("s", _syncs), ("f", _flow_rows)):
             part = parts.get(b)
             if part is not None:
-                self.parts[b].append(build(part.select(_BUCKET_COLS[b]), self.ids))
+                self.parts[b].append(build(part.select(_BUCKET_COLS[b]), self.ids, dec))
 
     def add_structs(self, i0: int, evs: list) -> None:
         a = [e.args or _NO_ARGS for e in evs]
@@ -677,8 +699,6 @@ class _Acc:
         if self.scanner is None or not self.scanner.pending:
             return
         strings, buckets, colls = self.scanner.take()
-        none = len(strings)
-        strs = pl.lit(pl.Series(strings, dtype=pl.String).append(pl.Series([None], dtype=pl.String)))  # none: null
         parts = {}
         for b, (n, cols) in buckets.items():
             if not n:
@@ -688,15 +708,12 @@ class _Acc:
             elif b == "be":
                 raise _Fallback("B/E events")
             elif b:
-                arrays, text = {}, []
+                arrays = {}
                 for name, (data, valid, nulls) in cols.items():
                     typ = pa.uint32() if name in _TEXT_FIELDS else pa.int64()
                     bufs = [None if valid is None else pa.py_buffer(valid), pa.py_buffer(data)]
                     arrays[name] = pa.Array.from_buffers(typ, n, bufs, null_count=nulls)
-                    if name in _TEXT_FIELDS:  # codes -> strings; a column of nulls only (pid_s, mostly) stays so
-                        text.append(pl.lit(None, dtype=pl.String).alias(name) if nulls == n else
-                                    strs.gather(pl.col(name).fill_null(none) if nulls else pl.col(name)).alias(name))
-                parts[b] = _frame(pa.table(arrays)).with_columns(text)
+                parts[b] = _frame(pa.table(arrays))
         args = dict(colls)
         keys = [_ARG_KEYS[k] for k in _COLL_ATTRS]
 
@@ -710,7 +727,7 @@ class _Acc:
                 d = json.loads(raw)
             return {k: v for k in keys if (v := d.get(k)) is not None}
 
-        self._take(parts, args_of)
+        self._take(parts, args_of, _Codes(strings))
 
     def add_dicts(self, i0: int, events: list, idx: list | None = None) -> None:
         evs = []
@@ -764,23 +781,26 @@ class _Fallback(Exception):
 # Tables
 
 
-def _kernel_rows(df: pl.DataFrame, ids: _Ids) -> pl.DataFrame:
+def _kernel_rows(df: pl.DataFrame, ids: _Ids, dec=_plain) -> pl.DataFrame:
     """One chunk's kernels. Kind, collective and memcpy details are worked out once per distinct (cat, name) of the
-    chunk and joined back (per chunk, so that no copy of the whole table is ever made)."""
-    df = df.with_columns(pid=ids.resolve(df, "pid"), tid=ids.resolve(df, "tid"))
+    chunk (codes, for the scanner's parts) and joined back."""
+    df = df.with_columns(pid=ids.resolve(df, "pid", dec), tid=ids.resolve(df, "tid", dec))
     df = df.select(
         "id", device=pl.col("device").fill_null(pl.col("pid")), stream=pl.col("stream").fill_null(pl.col("tid")),
-        name="name", cat=pl.col("cat").str.to_lowercase(), ts="ts", dur="dur", end=pl.col("ts") + pl.col("dur"),
+        name="name", cat="cat", ts="ts", dur="dur", end=pl.col("ts") + pl.col("dur"),
         correlation="correlation", external_id="external_id", bytes="bytes",
     )
-    name = pl.col("name")
+    name = pl.col("_name")
     low = name.str.to_lowercase()
-    cat = pl.col("cat")
+    cat = pl.col("_cat")
     is_comm = (cat == "kernel") & (
         low.str.starts_with("nccl") | low.str.starts_with("rccl") | low.str.contains("nccl", literal=True)
     )
     mem = name.str.extract_groups(r"^Memcpy (\w+)(?: \((\w+) -> (\w+)\))?")
     u = df.select("cat", "name").unique().with_columns(
+        _cat=dec(pl.col("cat")).str.to_lowercase(), _name=dec(pl.col("name"))
+    ).select(
+        "cat", "name",
         kind=pl.when(cat == "gpu_memcpy")
         .then(pl.lit("memcpy"))
         .when(cat == "gpu_memset")
@@ -799,13 +819,14 @@ def _kernel_rows(df: pl.DataFrame, ids: _Ids) -> pl.DataFrame:
         dst_memory=pl.coalesce(mem.struct.field("3"), name.str.extract(r"^Memset \((\w+)\)", 1))
         .str.to_lowercase().replace({"host": None}),
     )
-    return df.join(u, on=["cat", "name"], how="left", nulls_equal=True, maintain_order="left").drop("cat")
+    df = df.join(u, on=["cat", "name"], how="left", nulls_equal=True, maintain_order="left").drop("cat")
+    return df if dec is _plain else df.with_columns(name=dec(pl.col("name")))
 
 
-def _host_rows(df: pl.DataFrame, ids: _Ids) -> pl.DataFrame:
-    df = df.with_columns(pid=ids.resolve(df, "pid"), tid=ids.resolve(df, "tid"))
-    return df.select("id", "pid", "tid", "name", "cat", "ts", end=pl.col("ts") + pl.col("dur"), dur="dur",
-                     external_id="external_id")
+def _host_rows(df: pl.DataFrame, ids: _Ids, dec=_plain) -> pl.DataFrame:
+    df = df.with_columns(pid=ids.resolve(df, "pid", dec), tid=ids.resolve(df, "tid", dec))
+    return df.select("id", "pid", "tid", name=dec(pl.col("name")), cat=dec(pl.col("cat")), ts="ts",
+                     end=pl.col("ts") + pl.col("dur"), dur="dur", external_id="external_id")
 
 
 def _host_ops(df: pl.DataFrame | None) -> pl.DataFrame | None:
@@ -815,16 +836,16 @@ def _host_ops(df: pl.DataFrame | None) -> pl.DataFrame | None:
     return df.with_columns(parent=parent, depth=depth)
 
 
-def _runtime_rows(df: pl.DataFrame, ids: _Ids) -> pl.DataFrame:
+def _runtime_rows(df: pl.DataFrame, ids: _Ids, dec=_plain) -> pl.DataFrame:
     """One chunk's runtime calls: names without their _vNNNN suffix and the kind of call, worked out once per
     distinct name of the chunk."""
-    df = df.with_columns(pid=ids.resolve(df, "pid"), tid=ids.resolve(df, "tid"))
+    df = df.with_columns(pid=ids.resolve(df, "pid", dec), tid=ids.resolve(df, "tid", dec))
     df = df.select(
         "id", "pid", "tid", "name", ts="ts", end=pl.col("ts") + pl.col("dur"), dur="dur",
         correlation="correlation", external_id="external_id",
     )
-    bare = pl.col("name").str.replace(r"_v\d+$", "")
-    u = df.select(pl.col("name").unique()).with_columns(bare=bare, kind=_runtime_kind_expr(bare))
+    bare = dec(pl.col("name")).str.replace(r"_v\d+$", "")
+    u = df.select(pl.col("name").unique()).with_columns(bare=bare).with_columns(kind=_runtime_kind_expr(pl.col("bare")))
     df = df.join(u, on="name", how="left", nulls_equal=True, maintain_order="left")
     return df.with_columns(name=pl.col("bare")).drop("bare")
 
@@ -837,15 +858,15 @@ def _sync_kind_expr(text: pl.Expr) -> pl.Expr:
     return expr.otherwise(pl.lit(None, dtype=pl.String))
 
 
-def _syncs(df: pl.DataFrame | None, ids: _Ids) -> pl.DataFrame | None:
+def _syncs(df: pl.DataFrame | None, ids: _Ids, dec=_plain) -> pl.DataFrame | None:
     if df is None:
         return None
-    df = df.with_columns(pid=ids.resolve(df, "pid"))
-    given = pl.col("sync_kind").fill_null("")
+    df = df.with_columns(pid=ids.resolve(df, "pid", dec))
+    given = dec(pl.col("sync_kind")).fill_null("")
     kind = (
         pl.when(given != "")
         .then(_sync_kind_expr(given).fill_null(pl.lit("other")))
-        .otherwise(_sync_kind_expr(pl.col("name").fill_null("")).fill_null(pl.lit("other")))
+        .otherwise(_sync_kind_expr(dec(pl.col("name")).fill_null("")).fill_null(pl.lit("other")))
     )
     return df.select(
         "id", device=pl.col("device").fill_null(pl.col("pid")), stream="stream", kind=kind, ts="ts",
@@ -853,16 +874,18 @@ def _syncs(df: pl.DataFrame | None, ids: _Ids) -> pl.DataFrame | None:
     )
 
 
-def _flow_rows(df: pl.DataFrame, ids: _Ids) -> pl.DataFrame:
-    df = df.with_columns(pid=ids.resolve(df, "pid"), tid=ids.resolve(df, "tid"))
+def _flow_rows(df: pl.DataFrame, ids: _Ids, dec=_plain) -> pl.DataFrame:
+    df = df.with_columns(pid=ids.resolve(df, "pid", dec), tid=ids.resolve(df, "tid", dec))
     # Only starts and ends pair up (ph t steps are not kept); a few distinct kinds: categorical keeps the join small.
-    return df.filter(pl.col("ph").is_in(["s", "f"])).select(
-        start=pl.col("ph") == "s",
-        kind=pl.when(pl.col("cat").is_null() | (pl.col("cat") == ""))
-        .then(pl.col("name"))
-        .otherwise(pl.col("cat"))
-        .cast(pl.Categorical),
-        flow_id="flow_id", pid="pid", tid="tid", ts="ts",
+    # Worked out once per distinct (ph, cat, name), then joined back (inner: other phases drop out).
+    ph, cat = dec(pl.col("ph")), dec(pl.col("cat"))
+    u = df.select("ph", "cat", "name").unique().filter(ph.is_in(["s", "f"])).select(
+        "ph", "cat", "name",
+        start=ph == "s",
+        kind=pl.when(cat.is_null() | (cat == "")).then(dec(pl.col("name"))).otherwise(cat).cast(pl.Categorical),
+    )
+    return df.join(u, on=["ph", "cat", "name"], how="inner", nulls_equal=True, maintain_order="left").select(
+        "start", "kind", "flow_id", "pid", "tid", "ts"
     )
 
 
