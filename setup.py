@@ -11,7 +11,7 @@ setup(
         Extension(
             "traceql.ingest._kscan",
             ["traceql/ingest/_kscan.c"],
-            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         )
     ]

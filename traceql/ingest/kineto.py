@@ -551,7 +551,7 @@ def _bucket_expr(ph: pl.Expr, cat: pl.Expr) -> pl.Expr:
             .when(lc.is_in(list(_SKIP_CATS))).then(pl.lit("skip"))
             .otherwise(pl.lit("h"))
         )
-        .when(ph.is_in(["s", "f", "t"])).then(pl.lit("f"))
+        .when(ph.is_in(["s", "f"])).then(pl.lit("f"))  # flow steps (ph t) pair nothing: not kept
         .when(ph.is_in(["B", "E"])).then(pl.lit("be"))
         .when(ph.is_in(["i", "I"])).then(pl.lit("i"))
         .otherwise(pl.lit(None, dtype=pl.String))
@@ -876,8 +876,8 @@ def _syncs(df: pl.DataFrame | None, ids: _Ids, dec=_plain) -> pl.DataFrame | Non
 
 def _flow_rows(df: pl.DataFrame, ids: _Ids, dec=_plain) -> pl.DataFrame:
     df = df.with_columns(pid=ids.resolve(df, "pid", dec), tid=ids.resolve(df, "tid", dec))
-    # Only starts and ends pair up (ph t steps are not kept); a few distinct kinds: categorical keeps the join small.
-    # Worked out once per distinct (ph, cat, name), then joined back (inner: other phases drop out).
+    # Starts and ends pair up; a few distinct kinds: categorical keeps the join small. Worked out once per distinct
+    # (ph, cat, name), then joined back.
     ph, cat = dec(pl.col("ph")), dec(pl.col("cat"))
     u = df.select("ph", "cat", "name").unique().filter(ph.is_in(["s", "f"])).select(
         "ph", "cat", "name",
