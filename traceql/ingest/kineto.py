@@ -4,11 +4,11 @@ Three readers, one set of tables:
 - The compiled scanner (_kscan.c, built by setup.py where a C compiler is): a plain file is memory-mapped and
   scanned where it lies (each slice's pages released once scanned); gzip is inflated block by block, one block
   ahead in a thread. The traceEvents array is cut at event boundaries (Kineto's "  },\n  {", other indentations,
-  one-line "}, {") into 8 MB slices. One Scanner per file reads every slice in C: each event's table is worked out
+  one-line "}, {") into 2 MB slices. One Scanner per file reads every slice in C: each event's table is worked out
   once per distinct (ph, cat), and its fields go straight to that table's Arrow columns (strings as codes into the
   file's distinct values, times already in ns). About every million rows (once, for most traces) the columns are
   handed to polars without a copy and become table parts. No Python object is made per event.
-- msgspec, over the same 8 MB slices, into structs that hold only the fields the tables need: where the scanner is
+- msgspec, over 8 MB slices, into structs that hold only the fields the tables need: where the scanner is
   not built, and for any slice the scanner declines (a value of an unexpected type, a key with escapes, invalid
   JSON...). It gives the same tables (tests/test_kscan.py).
 - The fallback (orjson over the whole document) takes B/E events, unknown layouts and damage the chunked paths do
@@ -995,10 +995,16 @@ def _pair_be(evs: list) -> list:
 # columns built so far; gzip is decompressed block by block. Anything the chunks cannot take (B/E events, values of
 # unexpected types, a damaged header, a wrong cut) goes to the whole-document parser below.
 
-# Bytes of JSON per slice (about 30k events): what msgspec decodes at once, and what the compiled scanner reads
-# between two looks at the file (a gzip block inflated, or a mapped range let go of). The scanner's per-slice cost
-# is one call, so small slices cost it nothing and keep the file's bytes in memory small.
+# Bytes of JSON per slice for msgspec (about 30k events: each slice costs some fifty polars calls). The compiled
+# scanner takes a quarter of that between two looks at the file (a gzip block inflated, a mapped range let go of):
+# its per-slice cost is one call, and smaller slices keep less of the file in memory (the gzip path holds about
+# three blocks: 8 MB blocks cost trace_diff 32 MB of peak growth, 2 MB ones 25 MB, at the same speed).
 _BLOCK = 8 << 20
+
+
+def _slice_bytes() -> int:
+    return _BLOCK // 4 if _USE_KSCAN else _BLOCK
+
 _ARR_HEAD = re.compile(rb'"traceEvents"\s*:\s*\[(\s*)\{')
 
 
@@ -1119,7 +1125,7 @@ def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
     if msgspec is None:
         raise _Fallback("msgspec not installed")
     notes: list[str] = []
-    blocks = _blocks(path, notes, _BLOCK)
+    blocks = _blocks(path, notes, _slice_bytes())
     buf = bytearray()
     m = None
     for block in blocks:
@@ -1216,7 +1222,7 @@ def _parse_mapped(path: Path, source: Source) -> tuple[dict, _Acc]:
 
 
 def _scan_mapped(mm, size: int, source: Source) -> tuple[dict, _Acc]:
-    chunk = _BLOCK
+    chunk = _slice_bytes()
     m = _ARR_HEAD.search(mm, 0, min(size, 4 * _BLOCK))
     if m is None:
         raise _Fallback("no traceEvents array near the start")
