@@ -217,6 +217,44 @@ def rules_test(rule_ids, rules_dirs, root):
     sys.exit(EXIT_FINDINGS if bad else EXIT_OK)
 
 
+@main.group("cache")
+def cache_group():
+    """Where the Parquet cache of parsed traces is, how big it is, and emptying it."""
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KB", "MB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+@cache_group.command("info")
+def cache_info():
+    """Folder, entries, total size and cap of the cache (TRACEQL_CACHE_MAX_MB, 0 = no limit)."""
+    from traceql.ingest import cache
+
+    cap, problem = cache.cap_setting()
+    if problem:
+        click.echo(f"traceql: {problem}", err=True)
+    u = cache.usage()
+    click.echo(f"path     {cache.cache_dir()}")
+    click.echo(f"entries  {u['sources']} parsed sources, {u['runs']} runs' derived tables"
+               + (f", {u['leftovers']} unfinished (removed by the next prune)" if u["leftovers"] else ""))
+    click.echo(f"size     {_size(u['bytes'])}")
+    click.echo(f"cap      {'no limit' if cap is None else f'{cap / (1 << 20):g} MB'} (TRACEQL_CACHE_MAX_MB; least recently used entries go beyond it)")
+
+
+@cache_group.command("clear")
+def cache_clear():
+    """Delete every cache entry; files traceql did not write stay."""
+    from traceql.ingest import cache
+
+    removed, freed = cache.clear()
+    click.echo(f"freed {_size(freed)}: {removed} entries deleted from {cache.cache_dir()}")
+
+
 def _register_optional():
     try:
         from traceql.report.cli import COMMANDS as report_commands

@@ -4,12 +4,25 @@ Layout: <cache_dir>/<digest>/<table>.parquet plus source.json (status, detail, r
 file's bytes, its kind, the importers' code (their sources and the compiled scanner) and the version, so a
 re-export, a traceql upgrade, a changed importer or an edit all miss.
 A small index maps (path, size, mtime) to the digest so that a warm re-check does not re-hash large files.
+
+The cache is bounded: TRACEQL_CACHE_MAX_MB (default 4096; 0 = no limit) caps the bytes of its files. A folder's mtime is
+its last use (a store writes it, a hit touches it); when a store takes the cache past the cap, the least recently used
+entries go until it holds at most 90% of the cap. Adding up the files of every entry on every store would cost tens of
+ms on a large cache, so stores append their bytes to a running estimate (the `usage` file) and the cache is measured
+only when the estimate passes the cap, or every RESCAN_EVERY stores to correct its drift.
+An entry is complete only with its source.json (written last, and listing its tables); a prune renames an entry away in
+one step before deleting its files, so a reader sees a whole entry or a miss, never part of one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -18,7 +31,7 @@ import polars as pl
 from traceql import __version__
 from traceql.model import Source
 
-FORMAT_VERSION = "3"  # bump when the cache layout itself changes (importer code changes are caught by _ingest_digest)
+FORMAT_VERSION = "4"  # bump when the cache layout itself changes (importer code changes are caught by _ingest_digest)
 
 
 def cache_dir() -> Path:
@@ -52,6 +65,8 @@ def digest(source: Source) -> str:
     if not source.path.is_dir():
         try:
             content = idx.read_text().strip() or None
+            if content is not None:
+                _touch(idx)
         except OSError:
             content = None
     if content is None:
@@ -91,9 +106,11 @@ def load(source: Source, key: str) -> dict[str, pl.DataFrame] | None:
         return None
     try:
         meta = orjson.loads(meta_path.read_bytes())
-        tables = {p.stem: pl.read_parquet(p) for p in d.glob("*.parquet")}
+        # exactly the tables the store wrote: an entry missing one of them (being pruned, damaged) is a miss
+        tables = {n: pl.read_parquet(d / f"{n}.parquet") for n in meta["tables"]}
     except Exception:  # a damaged cache entry is a miss, never an error
         return None
+    _touch(d)
     source.status = meta["status"]
     source.detail = meta["detail"]
     source.rank = meta["rank"]
@@ -110,10 +127,13 @@ def store(source: Source, key: str, tables: dict[str, pl.DataFrame]) -> None:
     tmp = d.with_name(d.name + f".tmp{os.getpid()}")
     try:
         tmp.mkdir(parents=True, exist_ok=True)
+        written = []
         for name, df in tables.items():
             if df.height:
                 df.write_parquet(tmp / f"{name}.parquet", compression="lz4", statistics=False)
+                written.append(name)
         meta = {
+            "tables": written,
             "status": source.status,
             "detail": source.detail,
             "rank": source.rank,
@@ -122,17 +142,16 @@ def store(source: Source, key: str, tables: dict[str, pl.DataFrame]) -> None:
             "host": source.host,
             "meta": source.meta,
         }
-        (tmp / "source.json").write_bytes(orjson.dumps(meta, default=str))
+        (tmp / "source.json").write_bytes(orjson.dumps(meta, default=str))  # last: it makes the entry complete
         if d.exists():
-            import shutil
-
             shutil.rmtree(tmp, ignore_errors=True)
             return
+        nbytes = _tree_size(tmp)
         tmp.rename(d)
     except OSError:
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
+        return
+    _added(nbytes, keep=d)
 
 
 def _code_digest() -> str:
@@ -165,11 +184,13 @@ def load_derived(folder: Path, name: str) -> tuple[pl.DataFrame, list[str]] | No
     if not p.exists():
         return None
     try:
-        notes_path = folder / f"{name}.notes.json"
-        notes = orjson.loads(notes_path.read_bytes()) if notes_path.exists() else []
-        return pl.read_parquet(p), notes
-    except Exception:  # a damaged entry is a miss
+        # the notes are written before the table and always exist beside it: without them the entry is incomplete
+        notes = orjson.loads((folder / f"{name}.notes.json").read_bytes())
+        df = pl.read_parquet(p)
+    except Exception:  # a damaged or half-deleted entry is a miss
         return None
+    _touch(folder)
+    return df, notes
 
 
 def store_derived(folder: Path, name: str, df: pl.DataFrame, notes: list[str]) -> None:
@@ -177,8 +198,242 @@ def store_derived(folder: Path, name: str, df: pl.DataFrame, notes: list[str]) -
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".{name}.{os.getpid()}.parquet"
         df.write_parquet(tmp, compression="lz4", statistics=False)
-        if notes:
-            (folder / f"{name}.notes.json").write_bytes(orjson.dumps(notes))
+        notes_path = folder / f"{name}.notes.json"
+        notes_path.write_bytes(orjson.dumps(notes))
+        nbytes = tmp.stat().st_size + notes_path.stat().st_size
         tmp.rename(folder / f"{name}.parquet")
     except Exception:  # a table parquet cannot hold, a full disk: build it again next time
         return
+    _added(nbytes, keep=folder)
+
+
+# --- size cap ---------------------------------------------------------------------------------------------------------
+
+MAX_MB_DEFAULT = 4096
+PRUNE_TO = 0.9  # a prune leaves room for several stores before the next one
+RESCAN_EVERY = 100  # stores between measurements even under the cap: the estimate misses deletions by hand, lost lines
+STALE_TMP_S = 3600  # a store's temporary folder this old belongs to a process that died
+
+# Only names the cache writes are ever deleted; anything else in the folder is left alone.
+_CONTENT = re.compile(r"[0-9a-f]{32}")
+_RUN = re.compile(r"run-[0-9a-f]{32}")
+_TMP = re.compile(r"[0-9a-f]{32}\.tmp\d+")  # store() writing, or a store that died
+_DOOMED = re.compile(r"(?:run-)?[0-9a-f]{32}\.del\d+")  # renamed away by a prune, its files being deleted
+_STAMP = re.compile(r"[0-9a-f]{24}")  # index/<stamp>
+_USAGE = "usage"  # running estimate of the cache's bytes: one number a line, summed
+
+
+@dataclass
+class Entry:
+    path: Path
+    kind: str  # "content" (a source's tables), "run" (a run's derived tables), "tmp", "doomed" (leftovers)
+    used: float  # last use, seconds since the epoch: the folder's mtime (stores write it, hits touch it)
+    size: int  # bytes of its files
+
+
+def cap_setting() -> tuple[int | None, str | None]:
+    """(the cap in bytes, or None for no limit; what is wrong with TRACEQL_CACHE_MAX_MB, if anything)."""
+    raw = os.environ.get("TRACEQL_CACHE_MAX_MB", "").strip()
+    if not raw:
+        return MAX_MB_DEFAULT << 20, None
+    try:
+        mb = float(raw)
+    except ValueError:
+        mb = -1.0
+    if not math.isfinite(mb) or mb < 0:
+        return MAX_MB_DEFAULT << 20, (f"TRACEQL_CACHE_MAX_MB={raw!r} is not a size in MB (a number >= 0, 0 for no "
+                                      f"limit); using {MAX_MB_DEFAULT}")
+    return (None if mb == 0 else int(mb * (1 << 20))), None
+
+
+def max_bytes() -> int | None:
+    return cap_setting()[0]
+
+
+def _touch(path: Path) -> None:
+    """Mark a use. A read-only cache still serves hits; it just cannot keep its order of use."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _tree_size(path: str | Path) -> int:
+    total = 0
+    try:
+        with os.scandir(path) as it:
+            for e in it:
+                try:
+                    total += _tree_size(e.path) if e.is_dir(follow_symlinks=False) else e.stat(follow_symlinks=False).st_size
+                except OSError:  # deleted meanwhile
+                    pass
+    except OSError:
+        pass
+    return total
+
+
+def entries(root: Path | None = None) -> list[Entry]:
+    """Every folder the cache wrote, with its last use and size. Symbolic links are not followed, nor deleted."""
+    root = cache_dir() if root is None else root
+    out = []
+    try:
+        it = os.scandir(root)
+    except OSError:
+        return out
+    with it:
+        for e in it:
+            n = e.name
+            kind = ("content" if _CONTENT.fullmatch(n) else "run" if _RUN.fullmatch(n) else "tmp" if _TMP.fullmatch(n)
+                    else "doomed" if _DOOMED.fullmatch(n) else None)
+            if kind is None:
+                continue
+            try:
+                if not e.is_dir(follow_symlinks=False):
+                    continue
+                used = e.stat(follow_symlinks=False).st_mtime
+            except OSError:
+                continue
+            out.append(Entry(Path(e.path), kind, used, _tree_size(e.path)))
+    return out
+
+
+def _stamps(root: Path) -> list[Entry]:
+    out = []
+    if (root / "index").is_symlink():  # not a folder the cache made: leave what it points at alone
+        return out
+    try:
+        it = os.scandir(root / "index")
+    except OSError:
+        return out
+    with it:
+        for e in it:
+            if _STAMP.fullmatch(e.name):
+                try:
+                    if e.is_file(follow_symlinks=False):
+                        st = e.stat(follow_symlinks=False)
+                        out.append(Entry(Path(e.path), "stamp", st.st_mtime, st.st_size))
+                except OSError:
+                    pass
+    return out
+
+
+def _remove(e: Entry) -> bool:
+    """Delete one entry; False where another process got there first (or the cache is read-only)."""
+    if e.kind == "stamp":
+        try:
+            os.unlink(e.path)
+            return True
+        except OSError:
+            return False
+    if e.kind in ("content", "run"):
+        # One rename takes the whole entry out of use: a reader finds all of it or nothing, never a part.
+        doomed = e.path.with_name(f"{e.path.name}.del{os.getpid()}")
+        try:
+            os.rename(e.path, doomed)
+        except OSError:  # FileNotFoundError: pruned by another process meanwhile
+            return False
+        shutil.rmtree(doomed, ignore_errors=True)
+        return True
+    shutil.rmtree(e.path, ignore_errors=True)
+    return not e.path.exists()
+
+
+def _write_usage(root: Path, total: int) -> None:
+    tmp = root / f"{_USAGE}.tmp{os.getpid()}"
+    try:
+        tmp.write_bytes(b"%d\n" % total)
+        os.replace(tmp, root / _USAGE)
+    except OSError:
+        pass
+
+
+def prune(keep: Path | None = None, cap: int | None = None) -> tuple[int, int]:
+    """Measure the cache and, where it holds more than `cap` bytes (default: TRACEQL_CACHE_MAX_MB), delete the least
+    recently used entries, run folders and index stamps alike, until it holds at most PRUNE_TO of the cap. `keep` (the
+    entry just written) is never deleted. Leftovers of dead processes go whatever the size. Returns (entries deleted,
+    bytes freed), counting source and run entries only as entries."""
+    root = cache_dir()
+    cap = max_bytes() if cap is None else cap
+    now = time.time()
+    found = entries(root)
+    total = sum(e.size for e in found)
+    removed = freed = 0
+    for e in found:
+        if e.kind == "doomed" or (e.kind == "tmp" and now - e.used > STALE_TMP_S):
+            if _remove(e):
+                total -= e.size
+                freed += e.size
+    stamps = _stamps(root)
+    total += sum(s.size for s in stamps)
+    if cap is not None and total > cap:
+        # Stamps join the order of use: one not used since before the last entry evicted most likely names a file
+        # whose entry is gone. Ties go to the stamp, which is cheaper to rebuild.
+        lru = sorted([e for e in found if e.kind in ("content", "run") and e.path != keep] + stamps,
+                     key=lambda e: (e.used, e.kind != "stamp"))
+        for e in lru:
+            if total <= cap * PRUNE_TO:
+                break
+            if _remove(e):
+                freed += e.size
+                removed += e.kind != "stamp"
+            total -= e.size  # gone either way: by us or by a process pruning beside us
+    if root.is_dir():
+        _write_usage(root, total)
+    return removed, freed
+
+
+def _added(nbytes: int, keep: Path) -> None:
+    """After a store: add its bytes to the running estimate, and prune when the estimate passes the cap. Appends are
+    atomic, so concurrent stores do not lose each other's lines; a prune rewrites the file with what it measured."""
+    cap = max_bytes()
+    root = cache_dir()
+    if cap is None:  # no limit: drop the estimate, so that the first store under a cap measures the cache afresh
+        try:
+            os.unlink(root / _USAGE)
+        except OSError:
+            pass
+        return
+    try:
+        with open(root / _USAGE, "a+b") as f:
+            f.write(b"%d\n" % nbytes)
+            f.seek(0)
+            lines = f.read().split()
+        estimate = sum(map(int, lines))
+    except (OSError, ValueError):  # unreadable estimate: measure
+        lines, estimate = [], cap + 1
+    # one line: the file was just created, so the estimate knows only this store
+    if estimate > cap or len(lines) <= 1 or len(lines) > RESCAN_EVERY:
+        prune(keep, cap)
+
+
+def usage() -> dict[str, int]:
+    """What the cache holds: parsed sources, runs' derived tables, unfinished leftovers, and the bytes of all of them
+    with the index."""
+    root = cache_dir()
+    found = entries(root)
+    return {
+        "sources": sum(e.kind == "content" for e in found),
+        "runs": sum(e.kind == "run" for e in found),
+        "leftovers": sum(e.kind in ("tmp", "doomed") for e in found),
+        "bytes": sum(e.size for e in found) + sum(s.size for s in _stamps(root)),
+    }
+
+
+def clear() -> tuple[int, int]:
+    """Delete every entry, leftover and index stamp, and the estimate; files the cache did not write stay.
+    Returns (source and run entries deleted, bytes freed: what usage() counted)."""
+    root = cache_dir()
+    removed = freed = 0
+    for e in entries(root) + _stamps(root):
+        if _remove(e):
+            freed += e.size
+            removed += e.kind in ("content", "run")
+    try:
+        (root / "index").rmdir()  # only if empty: unknown files in it stay
+    except OSError:
+        pass
+    try:
+        os.unlink(root / _USAGE)
+    except OSError:
+        pass
+    return removed, freed
