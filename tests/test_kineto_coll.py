@@ -547,3 +547,22 @@ def test_random_tables(tables):
         assert got is None
     else:
         assert_frame_equal(got, want)
+
+
+def test_one_odd_call_does_not_fail_the_file():
+    """Where the loop raised on a value its column cannot hold, the call keeps its row, that value read as null
+    (or as text, for a description that is no string)."""
+    host = pl.DataFrame({"id": [1, 2], "pid": [1, 1], "tid": [1, 1], "name": ["record_param_comms"] * 2,
+                         "cat": ["cpu_op"] * 2, "ts": [0, 10], "end": [5, 15], "dur": [5, 5],
+                         "external_id": [None, None], "parent": [None, None], "depth": [0, 0]},
+                        schema_overrides={"external_id": pl.Int64, "parent": pl.Int64, "depth": pl.Int32})
+    args = {1: {"Collective name": "allreduce", "Group size": 1 << 40, "In msg nelems": 1 << 62, "dtype": "Float",
+                "Process Group Description": 7},
+            2: {"Collective name": "broadcast", "Group size": 2, "In msg nelems": 3, "dtype": "Float"}}
+    with pytest.raises(Exception):
+        reference(host, args, None, None, "nccl", {})
+    got = collectives(host, args, None, None, "nccl", {})
+    assert got["op"].to_list() == ["all_reduce", "broadcast"]
+    assert got["group_size"].to_list() == [None, 2]
+    assert got["bytes"].to_list() == [None, 12]
+    assert got["pg_desc"].to_list() == ["7", None]

@@ -26,7 +26,8 @@ _EMPTY: dict = {}
 _I64 = 1 << 63
 _INT_COLS = ("id", "seq", "in_nelems", "out_nelems", "bytes", "ts", "end", "dur", "host_op_id", "kernel_ts",
              "kernel_end")
-# As kineto._collectives builds its table: the same types, and the same errors on values that do not fit them.
+# The table's types. Values that do not fit them (a group size beyond int32, bytes beyond int64, a description
+# that is no string) are read as null or text, so one odd call cannot fail the whole file.
 _SCHEMA = {k: pl.Int64 for k in _INT_COLS} | {"group_size": pl.Int32, "op": pl.Utf8, "backend": pl.Utf8,
                                              "pg_name": pl.Utf8, "pg_desc": pl.Utf8, "pg_ranks": pl.Utf8,
                                              "dtype": pl.Utf8}
@@ -294,12 +295,13 @@ def _from_args(args: list | None, present: set, n: int) -> dict[str, list | pl.S
     nbytes = none
     if "In msg nelems" in present and "dtype" in present:
         size = [None if d is None else _DTYPE_BYTES.get(str(d).lower()) for d in col("dtype")]
-        nbytes = [k * s if k is not None and s else None for k, s in zip(in_n, size)]
+        nbytes = [k * s if k is not None and s and -_I64 <= k * s < _I64 else None for k, s in zip(in_n, size)]
     return {
         "pg_name": text("Process Group Name", str),
-        "pg_desc": col("Process Group Description") if "Process Group Description" in present else none.cast(pl.Utf8),
+        "pg_desc": text("Process Group Description", str),
         "pg_ranks": text("Process Group Ranks", lambda r: r if isinstance(r, str) else orjson.dumps(r).decode()),
-        "group_size": ints("Group size") if "Group size" in present else none.cast(pl.Int32),
+        "group_size": ([v if v is not None and -(1 << 31) <= v < 1 << 31 else None for v in ints("Group size")]
+                       if "Group size" in present else none.cast(pl.Int32)),
         "seq": seq,
         "in_nelems": in_n,
         "out_nelems": ints("Out msg nelems"),

@@ -23,7 +23,6 @@ Damaged input is read as far as it goes: a truncated file or gzip stream keeps e
 
 from __future__ import annotations
 
-import bisect
 import functools
 import gc
 import json
@@ -57,7 +56,7 @@ try:  # the compiled chunk scanner (setup.py builds it where a C compiler is ava
 except ImportError:  # pragma: no cover - depends on the build
     _kscan = None
 
-from traceql.ingest import IngestError
+from traceql.ingest import IngestError, _kineto_coll
 from traceql.model import Source
 
 # TRACEQL_KSCAN=0 turns the compiled scanner off (benchmarks compare both; tests check both give the same tables).
@@ -1283,182 +1282,9 @@ def _parse_whole(path: Path, source: Source) -> tuple[dict, _Acc]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Collectives and steps (from host ops)
+# Collectives (ingest/_kineto_coll.py builds their table) and steps, from host ops
 
 _ANNOT = re.compile(r"^(nccl|gloo|mpi|ucc|hccl|xccl|rccl|mtia|custom):(\w+)$", re.IGNORECASE)
-
-
-def _collectives(host: pl.DataFrame | None, coll_args: dict, runtime: pl.DataFrame | None,
-                 kernels: pl.DataFrame | None, header_backend: str | None, pg_backend: dict) -> pl.DataFrame | None:
-    if host is None or host.height == 0:
-        return None
-    # The candidates were picked per chunk (their args are in coll_args): record_param_comms ops and nccl:/gloo:
-    # annotations. Only they and their ancestor chains are looked at, never the whole table in Python.
-    cand = host.with_row_index("_row").filter(pl.col("id").is_in(pl.Series(list(coll_args), dtype=pl.Int64).implode()))
-    cand = cand.with_columns(
-        rpc=pl.col("name") == "record_param_comms",
-        annot=pl.col("name").str.contains("(?i)" + _ANNOT.pattern).fill_null(False),
-    ).filter(pl.col("rpc") | pl.col("annot"))
-    if cand.height == 0:
-        return None
-    rpc_mask = host["id"].is_in(cand.filter("rpc")["id"].implode())
-    annot_mask = host["id"].is_in(cand.filter("annot")["id"].implode())
-    ids = host["id"]
-    if ids.is_sorted():
-        parent_row = ids.search_sorted(host["parent"].fill_null(-1), side="left").cast(pl.Int64)
-        found = ids.gather(parent_row.clip(0, max(host.height - 1, 0))) == host["parent"]
-        parent_row = parent_row.set(~found.fill_null(False), None)
-    else:  # B/E pairs appended out of order: a join instead
-        parent_row = (
-            host.select("parent")
-            .join(host.select("id").with_row_index("r"), left_on="parent", right_on="id", how="left",
-                  maintain_order="left")["r"].cast(pl.Int64)
-        )
-
-    def first_ancestor(start_rows: list, hit: pl.Series) -> list:
-        """For each start row, the first strict ancestor row (within 64 hops) where `hit` holds, else None."""
-        out = [None] * len(start_rows)
-        todo = list(range(len(start_rows)))
-        cur = parent_row.gather(pl.Series(start_rows, dtype=pl.UInt32)) if start_rows else pl.Series([], dtype=pl.Int64)
-        for _ in range(64):
-            keep = cur.is_not_null()
-            if not keep.any():
-                break
-            todo = [t for t, k in zip(todo, keep.to_list()) if k]
-            cur = cur.filter(keep)
-            h = hit.gather(cur.cast(pl.UInt32)).to_list()
-            rows = cur.to_list()
-            nxt = []
-            for t, r, yes in zip(todo, rows, h):
-                if yes:
-                    out[t] = r
-                else:
-                    nxt.append(t)
-            if not nxt:
-                break
-            still = [not yes for yes in h]
-            todo = nxt
-            cur = parent_row.gather(cur.filter(pl.Series(still)).cast(pl.UInt32))
-        return out
-
-    names = host["name"]
-    host_ids = host["id"]
-    # Annotations related to a record_param_comms op (ancestor or descendant on the same thread).
-    annot_of_rpc: dict[int, str] = {}
-    rpc_related = set()
-    def at(col: pl.Series, rows: list) -> list:
-        """col's values at rows (None where the row is None), in one gather."""
-        got = col.gather(pl.Series([-1 if r is None else r for r in rows], dtype=pl.Int64).clip(0, None)).to_list()
-        return [None if r is None else v for r, v in zip(rows, got)]
-
-    annots = cand.filter("annot")
-    rows = first_ancestor(annots["_row"].to_list(), rpc_mask)
-    for (aid, aname), r, rid in zip(annots.select("id", "name").iter_rows(), rows, at(host_ids, rows)):
-        if r is not None:
-            annot_of_rpc.setdefault(rid, aname)
-            rpc_related.add(aid)
-    rpcs = cand.filter("rpc")
-    rows = first_ancestor(rpcs["_row"].to_list(), annot_mask)
-    for rid, r, aname, aid in zip(rpcs["id"].to_list(), rows, at(names, rows), at(host_ids, rows)):
-        if r is not None:
-            annot_of_rpc.setdefault(rid, aname)
-            rpc_related.add(aid)
-
-    # Launch lookup: per thread, sorted launch start times with their correlations; external id -> correlations.
-    comm_k: dict[int, tuple[int, int]] = {}
-    if kernels is not None and kernels.height:
-        for c, t, e in kernels.filter(pl.col("kind") == "comm").select("correlation", "ts", "end").iter_rows():
-            if c is not None:
-                prev = comm_k.get(c)
-                comm_k[c] = (t, e) if prev is None else (min(prev[0], t), max(prev[1], e))
-    by_thread: dict = {}
-    by_ext: dict = {}
-    if runtime is not None and runtime.height and comm_k:
-        launches = runtime.filter(pl.col("correlation").is_in(list(comm_k))).sort("ts")
-        for p, t, ts_, c, x in launches.select("pid", "tid", "ts", "correlation", "external_id").iter_rows():
-            lst = by_thread.setdefault((p, t), ([], []))
-            lst[0].append(ts_)
-            lst[1].append(c)
-            if x is not None:
-                by_ext.setdefault(x, []).append(c)
-
-    cols = {k: [] for k in ("id", "op", "backend", "pg_name", "pg_desc", "pg_ranks", "group_size", "seq",
-                            "in_nelems", "out_nelems", "dtype", "bytes", "ts", "end", "dur", "host_op_id",
-                            "kernel_ts", "kernel_end")}
-    sel = host.filter(rpc_mask | (annot_mask & ~pl.col("id").is_in(list(rpc_related))))
-    for hid, name, pid, tid, ts, end, dur, ext in sel.select(
-        "id", "name", "pid", "tid", "ts", "end", "dur", "external_id"
-    ).iter_rows():
-        args = coll_args.get(hid) or {}
-        backend = None
-        if name == "record_param_comms":
-            raw = args.get("Collective name")
-            annot = annot_of_rpc.get(hid)
-            if not raw and annot:
-                raw = annot
-            if annot:
-                backend = annot.split(":", 1)[0].lower()
-            op = canonical_collective(raw) if raw else None
-            if op is None or op in _NOT_COLLECTIVE:
-                continue
-        else:
-            m = _ANNOT.match(name)
-            backend = m.group(1).lower()
-            op = canonical_collective(m.group(2))
-            if op in _NOT_COLLECTIVE:
-                continue
-        pg_name = args.get("Process Group Name")
-        pg_name = None if pg_name is None else str(pg_name)
-        if backend is None:
-            backend = pg_backend.get(pg_name) or header_backend
-        # Kernel: launches with this external id, else launches nested in the call on its thread.
-        corrs = list(by_ext.get(ext, ())) if ext is not None else []
-        lst = by_thread.get((pid, tid))
-        if lst and ts is not None and end is not None:
-            lo = bisect.bisect_left(lst[0], ts)
-            hi = bisect.bisect_right(lst[0], end)
-            corrs.extend(lst[1][lo:hi])
-        kts = kend = None
-        for c in corrs:
-            k = comm_k.get(c)
-            if k:
-                kts = k[0] if kts is None else min(kts, k[0])
-                kend = k[1] if kend is None else max(kend, k[1])
-        if kts is not None and backend is None:
-            backend = "nccl"
-        in_n = _int1(args.get("In msg nelems"))
-        dtype = args.get("dtype")
-        size = _DTYPE_BYTES.get(str(dtype).lower()) if dtype is not None else None
-        ranks = args.get("Process Group Ranks")
-        seq = None
-        for k in ("Seq", "seq", "seq_num", "Seq num", "sequence_number"):
-            if args.get(k) is not None:
-                seq = _int1(args[k])
-                break
-        cols["id"].append(hid)
-        cols["op"].append(op)
-        cols["backend"].append(backend)
-        cols["pg_name"].append(pg_name)
-        cols["pg_desc"].append(args.get("Process Group Description"))
-        cols["pg_ranks"].append(None if ranks is None else (ranks if isinstance(ranks, str) else orjson.dumps(ranks).decode()))
-        cols["group_size"].append(_int1(args.get("Group size")))
-        cols["seq"].append(seq)
-        cols["in_nelems"].append(in_n)
-        cols["out_nelems"].append(_int1(args.get("Out msg nelems")))
-        cols["dtype"].append(None if dtype is None else str(dtype))
-        cols["bytes"].append(in_n * size if in_n is not None and size else None)
-        cols["ts"].append(ts)
-        cols["end"].append(end)
-        cols["dur"].append(dur)
-        cols["host_op_id"].append(hid)
-        cols["kernel_ts"].append(kts)
-        cols["kernel_end"].append(kend)
-    if not cols["id"]:
-        return None
-    return pl.DataFrame(cols, schema_overrides={k: pl.Int64 for k in ("id", "seq", "in_nelems", "out_nelems", "bytes", "ts", "end", "dur",
-                                                                         "host_op_id", "kernel_ts", "kernel_end")}
-                        | {"group_size": pl.Int32, "op": pl.Utf8, "backend": pl.Utf8, "pg_name": pl.Utf8,
-                           "pg_desc": pl.Utf8, "pg_ranks": pl.Utf8, "dtype": pl.Utf8})
 
 
 def _steps(host: pl.DataFrame | None) -> pl.DataFrame | None:
@@ -1562,7 +1388,7 @@ def _read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
     spans = [(df["ts"].min(), df["end"].max()) for df in (kernels, host, runtime) if df is not None and df.height]
     span = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans and all(s[0] is not None for s in spans) else (None, None)
     backend, pg_backend = _header_meta(header, source, span)
-    collectives = _collectives(host, acc.coll_args, runtime, kernels, backend, pg_backend)
+    collectives = _kineto_coll.collectives(host, acc.coll_args, runtime, kernels, backend, pg_backend)
     steps = _steps(host)
 
     meta = source.meta
