@@ -258,14 +258,16 @@ def test_values_the_scanner_reads_itself():
     assert {b: m for b, (m, _) in buckets.items() if m} == {"k": 1, "h": 1, "s": 1}
     k, h, sy = buckets["k"][1], buckets["h"][1], buckets["s"][1]
     assert sorted(k) == sorted(dict(kineto._SCAN_BUCKETS)["k"])  # each table gets its own fields, no others
-    i64 = lambda col, row=0: int.from_bytes(col[0][8 * row : 8 * row + 8], "little", signed=True)
-    u32 = lambda col, row=0: int.from_bytes(col[0][4 * row : 4 * row + 4], "little")
+    i64 = lambda col, row=0: int.from_bytes(memoryview(col[0])[8 * row : 8 * row + 8], "little", signed=True)
+    u32 = lambda col, row=0: int.from_bytes(memoryview(col[0])[4 * row : 4 * row + 4], "little")
     assert strings[u32(k["name"])] == "k\u00e9" and strings[u32(k["pid_s"])] == "Spans" and k["pid"][2] == 1
     assert i64(k["tid"]) == -7 and i64(k["ts"]) == 1000 + 0 and i64(k["dur"]) == 3000 and i64(k["id"]) == 0
     assert i64(k["external_id"]) == 5
     assert i64(h["ts"]) == 1669783687471392000 and i64(h["dur"]) == 0 and i64(h["id"]) == 1
     assert i64(sy["event"]) == 9 and i64(sy["id"]) == 2
     assert [(i, json.loads(raw)["Collective name"]) for i, raw in colls] == [(0, "allreduce")]
+    with pytest.raises(TypeError):  # handed out read-only: a table over it cannot be changed under polars
+        memoryview(k["ts"][0])[0] = 1
 
 
 def test_a_declined_slice_leaves_nothing_behind():
