@@ -400,3 +400,20 @@ def test_a_file_that_cannot_be_mapped_is_read_block_by_block(tmp_path, monkeypat
     got = kineto.read(p, src)
     assert src.status == "ok" and src.meta["parser"] == "chunks"
     _same(got, want)
+
+
+def test_a_collective_call_whose_args_hold_bytes_that_are_no_utf8(tmp_path):
+    """The scanner does not decode values it skips, so a collective call's args can reach Python with bytes that are
+    no UTF-8 (a damaged trace): they are read with replacement characters, not as an internal error."""
+    ev = ('"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": 1, "dur": 5, '
+          '"args": {"Collective name": "allreduce", "Process Group Name": "0", "note": "\xff\xfe"}')
+    other = '"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5'
+    # Kineto's layout: one field group per event, the braces on their own lines
+    body = b'{"traceEvents": [\n  {\n    ' + ev.encode("latin-1") + b'\n  },\n  {\n    ' + other.encode() + b'\n  }\n]}'
+    p = tmp_path / "bad_utf8.json"
+    p.write_bytes(body)
+    src = Source(p, "kineto")
+    tables = kineto.read(p, src)
+    assert src.meta["parser"] == "chunks" and tables["host_ops"].height == 2
+    assert tables["collectives"]["op"].to_list() == ["all_reduce"]
+    assert tables["collectives"]["pg_name"].to_list() == ["0"]

@@ -722,8 +722,8 @@ class _Acc:
                 return {}
             try:
                 d = orjson.loads(raw)
-            except orjson.JSONDecodeError:  # an int beyond 64 bits: the stdlib keeps it
-                d = json.loads(raw)
+            except orjson.JSONDecodeError:  # an int beyond 64 bits (the stdlib keeps it), or bytes that are no UTF-8
+                d = json.loads(raw.decode("utf-8", "replace"))  # in a value the scanner skipped: replaced, not fatal
             return {k: v for k in keys if (v := d.get(k)) is not None}
 
         self._take(parts, args_of, _Codes(strings))
