@@ -1,7 +1,7 @@
 """Ingest benchmark: traceql's Kineto importer vs HTA's TraceAnalysis load, on the corpus's largest real traces and
 scaled-up copies (steps repeated with shifted timestamps) made in a temp dir, never committed.
 
-    python benchmarks/ingest.py [--corpus DIR] [--sizes 100,1000] [--ranks 8x250] [--gzip]
+    python benchmarks/ingest.py [--corpus DIR] [--sizes 100,1000] [--ranks 8x250] [--gzip] [--one-core]
                                 [--hta-python /tmp/htavenv/bin/python] [--no-hta] [--repeat 2]
 
 Each measurement runs in a fresh subprocess (imports excluded: the child imports first, then times), so peak RSS
@@ -89,9 +89,14 @@ print(json.dumps({"wall": time.perf_counter() - t, "cpu": time.process_time() - 
 """
 
 
+# --one-core: every child pinned to CPU 0 (taskset), traceql's with one polars thread: "MB/s on one core" literally.
+_PIN: list[str] = []
+_ENV: dict | None = None
+
+
 def _run(args: list[str], timeout: float = 3600) -> dict | None:
     try:
-        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(_PIN + args, capture_output=True, text=True, timeout=timeout, env=_ENV)
     except subprocess.TimeoutExpired:
         print(f"  (timed out after {timeout:.0f} s)")
         return None
@@ -189,7 +194,16 @@ def main() -> None:
     ap.add_argument("--no-warm", action="store_true", help="skip the warm (cached) column: no Parquet cache is written")
     ap.add_argument("--recheck", type=int, default=0, metavar="N",
                     help="time `traceql check` end to end on N ranks of df_index_resolver with a warm cache")
+    ap.add_argument("--one-core", action="store_true",
+                    help="pin every child to one CPU (taskset -c 0) and run polars with one thread")
     a = ap.parse_args()
+    if a.one_core:
+        global _PIN, _ENV
+        if not shutil.which("taskset"):
+            sys.exit("--one-core needs taskset (util-linux)")
+        _PIN = ["taskset", "-c", "0"]
+        _ENV = dict(os.environ, POLARS_MAX_THREADS="1")
+        print("one core: children pinned to CPU 0, polars with one thread")
     try:
         mem = next(int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemTotal:")) / 2**20
         print(f"machine: {os.cpu_count()} CPUs, {mem:.1f} GiB of memory")
