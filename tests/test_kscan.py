@@ -417,3 +417,14 @@ def test_a_collective_call_whose_args_hold_bytes_that_are_no_utf8(tmp_path):
     assert src.meta["parser"] == "chunks" and tables["host_ops"].height == 2
     assert tables["collectives"]["op"].to_list() == ["all_reduce"]
     assert tables["collectives"]["pg_name"].to_list() == ["0"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.none(), st.sampled_from(["X", "s", "f", "t", "i", "I", "B", "E", "M", "C", "x", ""]), _text),
+       st.one_of(st.none(), st.sampled_from(["kernel", "Kernel", "GPU_MEMCPY", "cuda_runtime", "cuda_sync",
+                                             "gpu_user_annotation", "cpu_op", "", "KERNEL "]), _text))
+def test_classify_routes_as_the_polars_expression(ph, cat):
+    """The scanner's per-(ph, cat) routing, looked up in Python for ASCII categories, gives the bucket
+    _bucket_expr gives (which msgspec's path routes by)."""
+    want = pl.select(kineto._bucket_expr(pl.lit(ph, dtype=pl.String), pl.lit(cat, dtype=pl.String))).item() or ""
+    assert kineto._SCAN_BUCKETS[kineto._classify.__wrapped__(ph, cat)][0] == want
