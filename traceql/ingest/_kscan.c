@@ -198,9 +198,9 @@ static Py_ssize_t unescape(const unsigned char *s, Py_ssize_t len, char *out) {
 
 /* ---- column storage ------------------------------------------------------------------------------------------- */
 
-/* A growable byte buffer that Python (pyarrow) reads through the buffer protocol, without a copy. Its memory is
- * mapped from the system directly (anonymous mmap, grown with mremap where there is one), so that it goes back to
- * the system the moment the last table using it is dropped: malloc'd buffers of a few MB stay in the allocator's
+/* A growable byte buffer that Python (pyarrow) reads through the buffer protocol, without a copy. From 64 KB on its
+ * memory is mapped from the system directly (anonymous mmap, grown with mremap where there is one), so that it goes
+ * back to the system the moment the last table using it is dropped: malloc'd buffers of a few MB stay in the allocator's
  * heap after they are freed (glibc raises its mmap threshold as such blocks come and go), which at 1 GB of trace
  * kept ~40 MB more resident at the peak. */
 
@@ -214,14 +214,20 @@ typedef struct {
     char *data;
     Py_ssize_t len; /* bytes exposed */
     Py_ssize_t cap; /* bytes held */
+    int mapped;     /* data is a mapping (else malloc'd) */
 } MBuf;
+
+/* Below this a buffer is malloc'd: the columns of rare tables would each take a mapping of their own, and a process
+ * has a bounded number of those (vm.max_map_count, 65530 by default). Measured: a 1 GB trace's tables hold ~170
+ * mappings (adjacent ones merge), so the limit is far beyond any trace a machine can hold in memory. */
+#define MAP_MIN ((Py_ssize_t)1 << 16)
 
 static void mbuf_dealloc(MBuf *b) {
 #ifdef HAVE_MMAP
-    if (b->data) munmap(b->data, (size_t)b->cap);
-#else
-    free(b->data);
+    if (b->data && b->mapped) munmap(b->data, (size_t)b->cap);
+    else
 #endif
+        free(b->data);
     Py_TYPE(b)->tp_free((PyObject *)b);
 }
 
@@ -246,6 +252,7 @@ static MBuf *mbuf_new(void) {
     if (b) {
         b->data = NULL;
         b->len = b->cap = 0;
+        b->mapped = 0;
     }
     return b;
 }
@@ -253,26 +260,32 @@ static MBuf *mbuf_new(void) {
 /* Room for cap bytes, keeping the first len. Only called before the buffer is handed out (no exports yet). */
 static int mbuf_reserve(MBuf *b, Py_ssize_t cap) {
     if (cap <= b->cap) return 0;
-    Py_ssize_t page = 1 << 16;
-    cap = (cap + page - 1) / page * page;
 #ifdef HAVE_MMAP
-    void *p;
+    if (cap >= MAP_MIN) {
+        Py_ssize_t page = 1 << 16;
+        cap = (cap + page - 1) / page * page;
+        void *p = MAP_FAILED;
 #ifdef MREMAP_MAYMOVE
-    if (b->data) p = mremap(b->data, (size_t)b->cap, (size_t)cap, MREMAP_MAYMOVE);
-    else
+        if (b->mapped) p = mremap(b->data, (size_t)b->cap, (size_t)cap, MREMAP_MAYMOVE);
+        else
 #endif
-    {
-        p = mmap(NULL, (size_t)cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p != MAP_FAILED && b->data) {
-            memcpy(p, b->data, (size_t)b->len);
-            munmap(b->data, (size_t)b->cap);
+        {
+            p = mmap(NULL, (size_t)cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (p != MAP_FAILED && b->data) {
+                memcpy(p, b->data, (size_t)b->len);
+                if (b->mapped) munmap(b->data, (size_t)b->cap);
+                else free(b->data);
+            }
         }
+        if (p == MAP_FAILED) return -1;
+        b->data = p;
+        b->cap = cap;
+        b->mapped = 1;
+        return 0;
     }
-    if (p == MAP_FAILED) return -1;
-#else
+#endif
     void *p = realloc(b->data, (size_t)cap);
     if (!p) return -1;
-#endif
     b->data = p;
     b->cap = cap;
     return 0;
