@@ -15,7 +15,8 @@ from tests.conftest import FIXTURES, REPO
 from traceql import link
 from traceql.discover import discover
 from traceql.ingest import IngestError
-from traceql.ingest.flight_recorder import load_dump, read, sniff
+from traceql.ingest.collective_names import canonical_collective
+from traceql.ingest.flight_recorder import _op, load_dump, read, sniff
 from traceql.ingest.loader import ingest
 from traceql.model import Source
 
@@ -64,6 +65,17 @@ def test_entries_become_collectives_with_state_and_sizes():
     assert set(c["rank"]) == {0, 1, 2} and set(c["backend"]) == {"gloo"} and c["state"].is_not_null().all()
     assert c.filter((pl.col("seq") == 4) & (pl.col("rank") == 2))["in_nelems"].to_list() == [512]
     assert set(c["group_size"]) == {3}
+
+
+@pytest.mark.parametrize("name", ["nccl:allgather_into_tensor_coalesced", "nccl:reduce_scatter_tensor_coalesced",
+                                  "nccl:_allgather_base", "nccl:allreduce_coalesced", "nccl:_broadcast_oop",
+                                  "gloo:alltoall_base", "nccl:send", "nccl:barrier"])
+def test_fr_ops_are_named_as_kineto_names_them(name):
+    """FSDP's coalesced all_gather / reduce_scatter (and the rest) get the op name the Kineto importer gives the same
+    call, so that the two sources' collectives line up; the FR reader used to keep the coalesced names as they came."""
+    backend, op = _op(name)
+    assert backend == name.split(":")[0] and op == canonical_collective(name)
+    assert op in {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "send", "barrier"}
 
 
 def test_rank_comes_from_the_file_name(tmp_path):

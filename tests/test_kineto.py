@@ -22,6 +22,7 @@ from polars.testing import assert_frame_equal
 from conftest import CORPUS, corpus_path
 from traceql.discover import discover
 from traceql.ingest import IngestError, kineto
+from traceql.ingest.collective_names import canonical_collective
 from traceql.ingest.loader import ingest
 from traceql.model import SCHEMAS, Source, conform
 
@@ -394,7 +395,7 @@ def test_loader_reports_bad_file_and_keeps_others(tmp_path, corpus):
 
 
 def test_canonical_collective_names():
-    c = kineto.canonical_collective
+    c = canonical_collective
     assert c("allreduce") == "all_reduce"
     assert c("_allgather_base") == "all_gather"
     assert c("reduce_scatter_tensor_coalesced") == "reduce_scatter"
@@ -404,6 +405,7 @@ def test_canonical_collective_names():
     assert c("gloo:broadcast") == "broadcast"
     assert c("allreduce_coalesced") == "all_reduce"
     assert c("barrier") == "barrier"
+    assert c("_broadcast_oop") == "broadcast" and c("nccl:_reduce_oop") == "reduce"
 
 
 # ---------------------------------------------------------------------------------------------------------------

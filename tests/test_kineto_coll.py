@@ -24,7 +24,9 @@ from conftest import CORPUS, FIXTURES
 from traceql.discover import discover
 from traceql.ingest import _kineto_coll, kineto
 from traceql.ingest._kineto_coll import collectives
-from traceql.ingest.kineto import _ANNOT, _DTYPE_BYTES, _NOT_COLLECTIVE, _int1, canonical_collective
+from traceql.ingest.collective_names import DTYPE_BYTES as _DTYPE_BYTES
+from traceql.ingest.collective_names import canonical_collective
+from traceql.ingest.kineto import _ANNOT, _NOT_COLLECTIVE, _int1
 from traceql.model import Source
 
 

@@ -20,6 +20,8 @@ from itertools import compress
 import orjson
 import polars as pl
 
+from traceql.ingest.collective_names import canonical_collective, dtype_bytes
+
 _HOPS = 64  # how far up the nesting an annotation and its record_param_comms op may be apart
 _SEQ_KEYS = ("Seq", "seq", "seq_num", "Seq num", "sequence_number")  # the first one present wins
 _EMPTY: dict = {}
@@ -222,7 +224,7 @@ def _ops(ids: pl.Series, names: pl.Series, rid: pl.Series, annot: pl.Series, arg
     """Per call: the collective (null where the call is not one) and the backend its annotation names, worked out
     once per distinct name. An annotation stands for itself; a record_param_comms op takes its collective name, else
     the name of its annotation (the first of its pairs)."""
-    from traceql.ingest.kineto import _ANNOT, _NOT_COLLECTIVE, canonical_collective
+    from traceql.ingest.kineto import _ANNOT, _NOT_COLLECTIVE
 
     def collective(name):
         op = canonical_collective(name) if name else None
@@ -264,7 +266,7 @@ def _ops(ids: pl.Series, names: pl.Series, rid: pl.Series, annot: pl.Series, arg
 def _from_args(args: list | None, present: set, n: int) -> dict[str, list | pl.Series]:
     """The columns read from the n calls' args, as kineto._collectives reads them: lists where a call may have the
     key (present: the keys any call may have; args None where none has any), typed null Series where none has."""
-    from traceql.ingest.kineto import _DTYPE_BYTES, _int1
+    from traceql.ingest.kineto import _int1
 
     none = _full(None, n, pl.Int64)
 
@@ -294,7 +296,7 @@ def _from_args(args: list | None, present: set, n: int) -> dict[str, list | pl.S
                 seq.append(None)
     nbytes = none
     if "In msg nelems" in present and "dtype" in present:
-        size = [None if d is None else _DTYPE_BYTES.get(str(d).lower()) for d in col("dtype")]
+        size = [dtype_bytes(d) for d in col("dtype")]
         nbytes = [k * s if k is not None and s and -_I64 <= k * s < _I64 else None for k, s in zip(in_n, size)]
     return {
         "pg_name": text("Process Group Name", str),

@@ -23,17 +23,12 @@ import orjson
 import polars as pl
 
 from traceql.ingest import IngestError
+from traceql.ingest.collective_names import canonical_collective, dtype_bytes
 from traceql.model import SCHEMAS, Source
 
 KIND = "flight_recorder"
 SUPPORTED = True
 MAX_BYTES = 2 << 30  # a dump of the default 2000 entries is a few MB; refuse absurd sizes rather than exhaust memory
-
-_DTYPE_BYTES = {
-    "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Int": 4, "Long": 8, "Short": 2, "Char": 1, "Byte": 1,
-    "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1, "ComplexFloat": 8, "ComplexDouble": 16, "UInt32": 4, "UInt64": 8,
-}
-
 
 def sniff(path: Path, head: bytes) -> bool:
     if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
@@ -98,18 +93,14 @@ def _numel(sizes) -> int | None:
 
 
 def _op(profiling_name: str | None) -> tuple[str | None, str | None]:
-    """'nccl:all_reduce' -> ('nccl', 'all_reduce'); 'nccl:_allgather_base' -> ('nccl', 'all_gather')."""
+    """'nccl:all_reduce' -> ('nccl', 'all_reduce'); 'nccl:_allgather_base' -> ('nccl', 'all_gather'): the op named as
+    the Kineto importer names it (collective_names), so that the same call matches across the two sources."""
     if not profiling_name:
         return None, None
     backend, _, op = profiling_name.partition(":")
     if not op:
         backend, op = None, backend
-    op = op.lower().lstrip("_")
-    op = {"allreduce": "all_reduce", "allgather": "all_gather", "allgather_base": "all_gather",
-          "all_gather_base": "all_gather", "all_gather_into_tensor": "all_gather", "reduce_scatter_base": "reduce_scatter",
-          "reduce_scatter_tensor": "reduce_scatter", "reducescatter": "reduce_scatter", "alltoall": "all_to_all",
-          "alltoall_base": "all_to_all", "all_to_all_single": "all_to_all", "allreduce_coalesced": "all_reduce"}.get(op, op)
-    return backend, op
+    return backend, canonical_collective(op)
 
 
 def _i(v) -> int | None:
@@ -184,7 +175,7 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
             "rank": rank, "id": _i(e.get("record_id", i)), "op": op, "backend": backend, "pg_name": pg_name,
             "pg_desc": pg_desc or cfg.get("desc"), "pg_ranks": ranks_s if isinstance(ranks_s, str) else None,
             "group_size": group_size, "seq": seq, "in_nelems": in_n, "out_nelems": out_n, "dtype": dtype,
-            "bytes": in_n * _DTYPE_BYTES[dtype] if in_n is not None and dtype in _DTYPE_BYTES else None,
+            "bytes": in_n * size if in_n is not None and (size := dtype_bytes(dtype)) else None,
             "ts": t0, "end": t_end, "dur": (t_end - t0) if t_end and t0 else None,
             "kernel_ts": t_start, "state": e.get("state"),
         })

@@ -250,55 +250,8 @@ _KERNEL_COLL = [
     ("scatter", "scatter"),
 ]
 
-_COLL_NAMES = {
-    "allreduce": "all_reduce",
-    "all_reduce": "all_reduce",
-    "allgather": "all_gather",
-    "all_gather": "all_gather",
-    "reducescatter": "reduce_scatter",
-    "reduce_scatter": "reduce_scatter",
-    "alltoall": "all_to_all",
-    "all_to_all": "all_to_all",
-    "alltoallv": "all_to_all",
-    "broadcast": "broadcast",
-    "reduce": "reduce",
-    "send": "send",
-    "recv": "recv",
-    "recvanysource": "recv",
-    "barrier": "barrier",
-    "gather": "gather",
-    "scatter": "scatter",
-    "sendrecv": "send_recv",
-}
 # Record_param_comms entries that are not collective calls.
 _NOT_COLLECTIVE = {"wait", "init", "split", ""}
-
-_DTYPE_BYTES = {
-    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
-    "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1, "byte": 1,
-    "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
-    "complexfloat": 8, "complexdouble": 16, "uint16": 2, "uint32": 4, "uint64": 8,
-}
-
-
-@functools.lru_cache(maxsize=4096)
-def canonical_collective(name: str | None) -> str | None:
-    """allreduce -> all_reduce, _allgather_base -> all_gather, reduce_scatter_tensor_coalesced -> reduce_scatter."""
-    if not name:
-        return None
-    s = name.strip().lower()
-    if ":" in s:  # nccl:all_reduce, gloo:broadcast
-        s = s.split(":", 1)[1]
-    s = s.lstrip("_")
-    changed = True
-    while changed:
-        changed = False
-        for suf in ("_coalesced", "_base", "_into_tensor", "_tensor", "_single", "_multigpu"):
-            if s.endswith(suf):
-                s = s[: -len(suf)]
-                changed = True
-    return _COLL_NAMES.get(s, _COLL_NAMES.get(s.replace("_", ""), s))
-
 
 def _runtime_kind_expr(name: pl.Expr) -> pl.Expr:
     n = name.str.to_lowercase()
