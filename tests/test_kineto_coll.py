@@ -26,7 +26,9 @@ from traceql.ingest import _kineto_coll, kineto
 from traceql.ingest._kineto_coll import collectives
 from traceql.ingest.collective_names import DTYPE_BYTES as _DTYPE_BYTES
 from traceql.ingest.collective_names import canonical_collective
-from traceql.ingest.kineto import _ANNOT, _NOT_COLLECTIVE, _int1
+from traceql.ingest.collective_names import ANNOTATION as _ANNOT
+from traceql.ingest.collective_names import NOT_COLLECTIVE as _NOT_COLLECTIVE
+from traceql.ingest.collective_names import arg_int as _int1
 from traceql.model import Source
 
 

@@ -20,6 +20,9 @@ from itertools import compress
 import orjson
 import polars as pl
 
+from traceql.ingest.collective_names import ANNOTATION as _ANNOT
+from traceql.ingest.collective_names import NOT_COLLECTIVE as _NOT_COLLECTIVE
+from traceql.ingest.collective_names import arg_int as _int1
 from traceql.ingest.collective_names import canonical_collective, dtype_bytes
 
 _HOPS = 64  # how far up the nesting an annotation and its record_param_comms op may be apart
@@ -122,8 +125,6 @@ class _HostOps:
     def calls(self, keys: pl.Series) -> tuple[pl.Series, pl.Series, pl.Series] | None:
         """The rows of the candidate calls, in host order, and the (op id, annotation name) pairs, an op's first
         pair first; None where there is no candidate."""
-        from traceql.ingest.kineto import _ANNOT
-
         # The candidates were picked per chunk (their args are in coll_args): record_param_comms ops and annotations.
         rows = self.rows_of(keys)
         is_rpc = self.names[rows] == "record_param_comms"
@@ -224,8 +225,6 @@ def _ops(ids: pl.Series, names: pl.Series, rid: pl.Series, annot: pl.Series, arg
     """Per call: the collective (null where the call is not one) and the backend its annotation names, worked out
     once per distinct name. An annotation stands for itself; a record_param_comms op takes its collective name, else
     the name of its annotation (the first of its pairs)."""
-    from traceql.ingest.kineto import _ANNOT, _NOT_COLLECTIVE
-
     def collective(name):
         op = canonical_collective(name) if name else None
         return None if op in _NOT_COLLECTIVE else op
@@ -266,8 +265,6 @@ def _ops(ids: pl.Series, names: pl.Series, rid: pl.Series, annot: pl.Series, arg
 def _from_args(args: list | None, present: set, n: int) -> dict[str, list | pl.Series]:
     """The columns read from the n calls' args, as kineto._collectives reads them: lists where a call may have the
     key (present: the keys any call may have; args None where none has any), typed null Series where none has."""
-    from traceql.ingest.kineto import _int1
-
     none = _full(None, n, pl.Int64)
 
     def col(key: str) -> list:
@@ -276,7 +273,7 @@ def _from_args(args: list | None, present: set, n: int) -> dict[str, list | pl.S
     def ints(key: str) -> list | pl.Series:
         if key not in present:
             return none
-        # plain ints in range as they are, the rest as kineto._int1 reads them
+        # plain ints in range as they are, the rest as arg_int reads them
         return [v if type(v) is int and -_I64 <= v < _I64 else (None if v is None else _int1(v)) for v in col(key)]
 
     def text(key: str, of) -> list | pl.Series:

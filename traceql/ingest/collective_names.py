@@ -1,4 +1,5 @@
-"""Collective and dtype names as profilers spell them -> the names and sizes traceql's tables use.
+"""Collective and dtype names as profilers spell them -> the names and sizes traceql's tables use, and the
+reading of the few args values collective calls carry.
 
 One table for every importer that names collectives (Kineto's record_param_comms and nccl:/gloo: annotations,
 Flight Recorder's profiling names), so that the same call is the same op whichever file it comes from.
@@ -7,6 +8,15 @@ Flight Recorder's profiling names), so that the same call is the same op whichev
 from __future__ import annotations
 
 import functools
+import re
+
+_I64 = 1 << 63
+
+# Kineto's annotation of a collective call: "nccl:all_reduce", "gloo:broadcast".
+ANNOTATION = re.compile(r"^(nccl|gloo|mpi|ucc|hccl|xccl|rccl|mtia|custom):(\w+)$", re.IGNORECASE)
+
+# Record_param_comms entries that are not collective calls.
+NOT_COLLECTIVE = {"wait", "init", "split", ""}
 
 COLL_NAMES = {
     "allreduce": "all_reduce",
@@ -62,3 +72,18 @@ def canonical_collective(name: str | None) -> str | None:
                 s = s[: -len(suf)]
                 changed = True
     return COLL_NAMES.get(s, COLL_NAMES.get(s.replace("_", ""), s))
+
+
+def arg_int(v) -> int | None:
+    """One args value as int64 (collective sizes, sequence numbers, ids): ints in range, integral floats, numeric
+    strings (any base prefix); None otherwise."""
+    if type(v) is int:
+        return v if -_I64 <= v < _I64 else None
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, float):
+        return int(v) if v == v and abs(v) < 9e18 else None
+    try:
+        return int(str(v), 0)
+    except ValueError:
+        return None

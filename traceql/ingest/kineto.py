@@ -57,6 +57,8 @@ except ImportError:  # pragma: no cover - depends on the build
     _kscan = None
 
 from traceql.ingest import IngestError, _kineto_coll
+from traceql.ingest.collective_names import ANNOTATION as _ANNOT
+from traceql.ingest.collective_names import arg_int as _int1
 from traceql.model import Source
 
 # TRACEQL_KSCAN=0 turns the compiled scanner off (benchmarks compare both; tests check both give the same tables).
@@ -66,7 +68,6 @@ KIND = "kineto"
 SUPPORTED = True
 
 _READ_CHUNK = 1 << 22
-_I64 = 1 << 63
 
 
 def sniff(path: Path, head: bytes) -> bool:
@@ -250,9 +251,6 @@ _KERNEL_COLL = [
     ("scatter", "scatter"),
 ]
 
-# Record_param_comms entries that are not collective calls.
-_NOT_COLLECTIVE = {"wait", "init", "split", ""}
-
 def _runtime_kind_expr(name: pl.Expr) -> pl.Expr:
     n = name.str.to_lowercase()
 
@@ -315,20 +313,6 @@ def _ns(values: list) -> pl.Series:
     s = s.set(~(s.abs() < 9.2e15).fill_null(True), None)  # beyond int64 ns, or NaN
     whole = s.floor()
     return whole.cast(pl.Int64) * 1000 + ((s - whole) * 1000).round().cast(pl.Int64)
-
-
-def _int1(v) -> int | None:
-    """One value as int64, for the few per-row fields (collective args)."""
-    if type(v) is int:
-        return v if -_I64 <= v < _I64 else None
-    if v is None or isinstance(v, bool):
-        return None
-    if isinstance(v, float):
-        return int(v) if v == v and abs(v) < 9e18 else None
-    try:
-        return int(str(v), 0)
-    except ValueError:
-        return None
 
 
 def _ints(values: list) -> pl.Series:
@@ -1253,9 +1237,7 @@ def _parse_whole(path: Path, source: Source) -> tuple[dict, _Acc]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Collectives (ingest/_kineto_coll.py builds their table) and steps, from host ops
-
-_ANNOT = re.compile(r"^(nccl|gloo|mpi|ucc|hccl|xccl|rccl|mtia|custom):(\w+)$", re.IGNORECASE)
+# Steps, from host ops (the collectives table is built by ingest/_kineto_coll.py)
 
 
 def _steps(host: pl.DataFrame | None) -> pl.DataFrame | None:
