@@ -55,23 +55,11 @@ def ensure(run: Run, name: str) -> pl.DataFrame:
 
 
 def link_run(run: Run) -> Run:
-    """The eager part of linking: every row gets its step. Cross-rank tables are derived on demand."""
+    """The eager part of linking: which rank each source holds (link.ranks: assumed ranks, collisions kept apart),
+    then every row gets its step. Cross-rank tables are derived on demand."""
+    from traceql.link.ranks import resolve_ranks
     from traceql.link.steps import assign_steps
 
+    resolve_ranks(run)
     assign_steps(run)
-    _note_duplicate_ranks(run)
     return run
-
-
-def _note_duplicate_ranks(run: Run) -> None:
-    """Two traces of one format claiming the same rank are usually two runs mixed in one folder."""
-    seen: dict[tuple[str, int], list[str]] = {}
-    for s in run.sources:
-        if s.status in ("ok", "partial") and s.rank is not None:
-            seen.setdefault((s.kind, s.rank), []).append(s.path.name)
-    for (kind, rank), names in sorted(seen.items()):
-        if len(names) > 1:
-            run.notes.append(
-                f"rank {rank} is claimed by {len(names)} {kind} sources ({', '.join(names)}): their tables are "
-                "merged; if they come from different runs, check them separately"
-            )

@@ -11,6 +11,7 @@ import polars as pl
 from traceql import link
 from traceql.link.context import host_context
 from traceql.model import Finding, Run
+from traceql.model.ranks import format_ranks
 from traceql.rules import measures
 from traceql.rules.condition import ConditionError, compile_condition
 from traceql.rules.loader import Rule
@@ -257,6 +258,12 @@ def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
     if missing_sets:
         miss = " or ".join("+".join(m) for m in missing_sets)
         return RuleResult(rule, "skipped", f"needs {miss}: no source in this run provides it")
+    clash = _collided(run) if rule.cross_rank or (rule.select or {}).get("measure") in ("spread", "distinct") else []
+    if clash:
+        # the colliding sources' ranks cannot be matched with the other ranks' run: comparing them would report
+        # another run's rank as a straggler or a desync (link.ranks)
+        return RuleResult(rule, "skipped", f"compares ranks, and rank(s) {format_ranks(clash)} are claimed by several "
+                                           "sources (TQL001 rank-collision); check each run on its own")
     try:
         gaps_late = rule.select is not None and rule.select["measure"] == "gaps"
         out = _measure(run, rule, raw_gaps=gaps_late) if rule.select is not None else _sql(run, rule)
@@ -304,6 +311,12 @@ def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
             )
         )
     return RuleResult(rule, "ran", findings=findings)
+
+
+def _collided(run: Run) -> list[int]:
+    from traceql.link.ranks import collided_ranks
+
+    return collided_ranks(run)
 
 
 def run_rules(run: Run, rules: list[Rule], overrides: dict[str, dict] | None = None) -> list[RuleResult]:

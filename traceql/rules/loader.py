@@ -10,7 +10,7 @@ import yaml
 
 from traceql.model import SEVERITIES
 
-ID_RE = re.compile(r"^TQL[1-9]\d\d$")
+ID_RE = re.compile(r"^TQL(?!000)\d\d\d$")  # area 0: the inputs themselves (TQL001)
 NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 MEASURES = ("rows", "count", "sum", "union", "overlap", "exposed", "gaps", "spread", "distinct")
 FILTER_OPS = ("eq", "ne", "lt", "le", "gt", "ge", "in", "not_in", "regex", "not_regex", "is_null", "not_null")
