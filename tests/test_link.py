@@ -7,6 +7,8 @@ Properties that need a known truth (a planted clock offset) use small tables bui
 
 from __future__ import annotations
 
+import shutil
+
 import json
 from pathlib import Path
 
@@ -181,8 +183,8 @@ def test_graph_command_writes_node_link_json(sampled, tmp_path):
 def test_traces_of_different_runs_are_flagged(tmp_path):
     # control is rank 3 of an 8-rank job, test is rank 1 of a 2-rank job: not one run
     base = _need(TRACE_DIFF)
-    (tmp_path / "a.json.gz").symlink_to(base / "control" / "control.json.gz")
-    (tmp_path / "b.json.gz").symlink_to(base / "test" / "test.json.gz")
+    shutil.copy(base / "control" / "control.json.gz", (tmp_path / "a.json.gz"))
+    shutil.copy(base / "test" / "test.json.gz", (tmp_path / "b.json.gz"))
     run = load_run(tmp_path, use_cache=False)
     link.ensure(run, "collective_matches")
     assert any("disagree on the world size" in s for s in run.notes)
@@ -190,7 +192,7 @@ def test_traces_of_different_runs_are_flagged(tmp_path):
 
 def test_a_member_rank_without_its_trace_is_noted(tmp_path):
     """samples/demo with rank 1's trace left out: a 2-rank group (distributedInfo) with one rank present."""
-    (tmp_path / "rank0.pt.trace.json.gz").symlink_to(DEMO / "rank0.pt.trace.json.gz")
+    shutil.copy(DEMO / "rank0.pt.trace.json.gz", (tmp_path / "rank0.pt.trace.json.gz"))
     run = load_run(tmp_path, use_cache=False)
     gaps = link.ensure(run, "collective_gaps")
     assert gaps.filter(pl.col("status") == "missing")["rank"].to_list() == [1]
@@ -199,8 +201,8 @@ def test_a_member_rank_without_its_trace_is_noted(tmp_path):
 
 def test_traces_of_different_captures_are_flagged(tmp_path):
     # committed captures: rank 1 of the 2-rank demo and rank 0 of a 1-rank run (distributedInfo world sizes 2 and 1)
-    (tmp_path / "a.json.gz").symlink_to(DEMO / "rank1.pt.trace.json.gz")
-    (tmp_path / "b.json.gz").symlink_to(FIXTURES / "h200-host-sync-per-step" / "rank0.pt.trace.json.gz")
+    shutil.copy(DEMO / "rank1.pt.trace.json.gz", (tmp_path / "a.json.gz"))
+    shutil.copy(FIXTURES / "h200-host-sync-per-step" / "rank0.pt.trace.json.gz", (tmp_path / "b.json.gz"))
     run = load_run(tmp_path, use_cache=False)
     link.ensure(run, "collective_matches")
     assert any("disagree on the world size" in s for s in run.notes), run.notes

@@ -9,12 +9,21 @@ import click
 
 from traceql import __version__
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+# The contract CI relies on (DESIGN.md): 0 clean, 1 findings at or above --fail-on, 2 usage or configuration error
+# (nothing analysable included), 3 a rule or internal error (the report is incomplete).
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 
-def _fail(msg: str) -> None:
-    click.echo(f"traceql: {msg}", err=True)
-    sys.exit(EXIT_USAGE)
+def _say(msg: str) -> None:
+    """One line to stderr; the message may quote input (a file name, a detail): its control characters are escaped."""
+    from traceql.model.text_safety import visible
+
+    click.echo(f"traceql: {visible(msg)}", err=True)
+
+
+def _fail(msg: str, code: int = EXIT_USAGE) -> None:
+    _say(msg)
+    sys.exit(code)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,49 +45,86 @@ def _csv(values: tuple[str, ...]) -> list[str]:
 @click.option("--set", "sets", multiple=True, help="Override a threshold: RULE.param=value (e.g. TQL101.min_exposed_ms=5).")
 @click.option("--fail-on", type=click.Choice(["error", "warning", "info", "never"]), default=None, help="Exit 1 when a finding is at or above this severity [default: warning].")
 @click.option("--rules", "rules_dirs", multiple=True, type=click.Path(path_type=Path, exists=True, file_okay=False), help="Rule folder(s) to use instead of the bundled pack.")
-@click.option("--config", "config_path", type=click.Path(path_type=Path, exists=True, dir_okay=False), help="traceql.toml (default: found from the run dir or the current folder upwards).")
+@click.option("--config", "config_path", type=click.Path(path_type=Path, exists=True, dir_okay=False), help="traceql.toml (default: found from the current folder upwards, never inside RUN_DIR).")
+@click.option("--trust-run-config", is_flag=True, help="Also read traceql.toml / pyproject.toml from inside RUN_DIR (it can change the verdict: only for runs you trust).")
 @click.option("--baseline", type=click.Path(path_type=Path, exists=True, dir_okay=False), help="A previous --format json report: report only findings not in it.")
 @click.option("--no-cache", is_flag=True, help="Parse every input again instead of using the Parquet cache.")
 @click.option("--jobs", "-j", type=int, default=None, help="Parallel ingest processes [default: cores].")
 @click.option("--verbose", "-v", is_flag=True, help="List every source and every rule that did not run.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
-def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_path, baseline, no_cache, jobs, verbose, quiet):
+def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_path, trust_run_config, baseline, no_cache, jobs, verbose, quiet):
     """Analyse RUN_DIR (a run directory or a single file) and report findings.
 
-    Exit status: 0 no finding at or above --fail-on, 1 at least one, 2 nothing could be analysed or bad usage.
+    Exit status: 0 no finding at or above --fail-on, 1 at least one, 2 bad usage or configuration, or nothing could
+    be analysed, 3 a rule or internal error (the report is incomplete).
     """
     from traceql import pipeline
-    from traceql.rules.config import ConfigError, find_config, load_config
+    from traceql.rules.config import ConfigError, find_config, load_config, run_config
     from traceql.rules.loader import RuleError
 
     try:
-        config = load_config(config_path or find_config(run_dir if run_dir.exists() else Path.cwd()))
+        config = load_config(_config_path(run_dir, config_path, trust_run_config, find_config, run_config))
         suppress = _baseline(baseline) if baseline else None
         result = pipeline.check(
             run_dir, select=_csv(select), ignore=_csv(ignore), sets=list(sets), rules_dirs=list(rules_dirs) or None,
             use_cache=not no_cache, config=config, jobs=jobs, suppress=suppress,
             progress=not quiet and (fmt == "text" or out is not None or sys.stdout.isatty()),  # no bar over piped machine output
         )
-    except (ConfigError, RuleError, pipeline.NothingToAnalyse) as e:
+    except (ConfigError, pipeline.NothingToAnalyse) as e:
         _fail(str(e))
+        return
+    except RuleError as e:
+        _fail(str(e), EXIT_INTERNAL)
+        return
+    except Exception as e:  # an internal error must not pass as a clean (or a usage) exit
+        _fail(f"internal error: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}; please report it with the run", EXIT_INTERNAL)
         return
     text = _render(result, fmt, color=out is None and sys.stdout.isatty(), verbose=verbose)
     if out:
         out.write_text(text, encoding="utf-8")
     else:
         click.echo(text, nl=not text.endswith("\n"))
-    analysed = [s for s in result.run.sources if s.status in ("ok", "partial")]
+    sys.exit(_verdict(result, run_dir, fail_on or config.fail_on))
+
+
+def _config_path(run_dir: Path, given: Path | None, trust: bool, find_config, run_config) -> Path | None:
+    """--config, else the checkout's (current folder upwards, never inside the run dir unless trusted); a config file
+    inside the run dir that is passed over is named in one line."""
+    inside = run_config(run_dir) if run_dir.is_dir() else None
+    if given is not None:
+        return given
+    if trust and inside is not None:
+        return inside
+    found = find_config(Path.cwd(), untrusted=None if trust or not run_dir.is_dir() else run_dir)
+    if inside is not None and found != inside:
+        _say(f"ignoring {inside}: configuration inside the analysed run is not trusted (pass --trust-run-config to use it)")
+    return found
+
+
+def _verdict(result, run_dir: Path, level: str) -> int:
+    """The exit status of a rendered check, with a one-line reason on stderr for 2 and 3."""
+    run = result.run
+    analysed = [s for s in run.sources if s.status in ("ok", "partial")]
     if not analysed:
-        click.echo(f"traceql: nothing could be analysed in {run_dir}: no readable input (see the sources listed above)", err=True)
-        sys.exit(EXIT_USAGE)
-    level = fail_on or config.fail_on
+        _say(f"nothing could be analysed in {run_dir}: no readable input (see the sources listed above); point traceql "
+             "at a run dir holding Kineto traces, nsys SQLite exports, TORCH_TRACE logs, NCCL logs or Flight Recorder dumps")
+        return EXIT_USAGE
+    if not run.ranks:
+        _say(f"no rank analysed in {run_dir}: {len(analysed)} source(s) read, none attributable to a rank; name the files "
+             "after their rank (rank0.pt.trace.json.gz, rank1.log) and check again")
+        return EXIT_USAGE
+    errors = [r for r in result.results if r.status == "error"]
+    if errors:
+        _say(f"{len(errors)} rule(s) failed ({', '.join(r.rule.id for r in errors)}): the report is incomplete; "
+             "see the rule errors above (or in the report)")
+        return EXIT_INTERNAL
     if level != "never":
         from traceql.model import SEVERITY_ORDER
 
         worst = result.worst()
         if worst is not None and SEVERITY_ORDER[worst] >= SEVERITY_ORDER[level]:
-            sys.exit(EXIT_FINDINGS)
-    sys.exit(EXIT_OK)
+            return EXIT_FINDINGS
+    return EXIT_OK
 
 
 def _baseline(path: Path) -> set[str]:
@@ -120,12 +166,15 @@ def summary(run_dir, fmt, no_cache, quiet):
 
     try:
         run = pipeline.load_run(run_dir, use_cache=not no_cache, progress=not quiet)
+        data = summarize(run)
     except pipeline.NothingToAnalyse as e:
         _fail(str(e))
         return
-    data = summarize(run)
+    except Exception as e:  # an internal error must not pass as a clean (or a usage) exit
+        _fail(f"internal error: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}; please report it with the run", EXIT_INTERNAL)
+        return
     if not data["ranks"]:
-        click.echo(f"traceql: no rank could be analysed in {run_dir}", err=True)
+        _say(f"no rank could be analysed in {run_dir}: no source holds a rank's steps or kernels; see `traceql check {run_dir}`")
         if fmt == "json":
             click.echo(orjson.dumps(data).decode())
         sys.exit(EXIT_USAGE)

@@ -89,8 +89,46 @@ def _unrecognised(path: Path, head: bytes) -> str:
             "Recorder dump)")
 
 
+def _inside(p: Path, root: Path) -> bool:
+    return p == root or root in p.parents
+
+
+def _real(p: Path) -> Path | None:
+    """The real path of p (symbolic links resolved), or None where the links loop or cannot be followed."""
+    try:
+        return p.resolve(strict=True)
+    except (OSError, RuntimeError):  # a loop raises RuntimeError before Python 3.13, OSError (ELOOP) after
+        return None
+
+
+def _link_out(folder: Path, root: Path) -> str | None:
+    """A symbolic link under a folder input that leads out of the run dir (or loops): "name -> target", else None."""
+    stack = [folder]
+    seen = set()
+    while stack:
+        d = stack.pop()
+        try:
+            entries = list(d.iterdir())
+        except OSError:
+            continue
+        for p in entries:
+            if p.is_symlink():
+                real = _real(p)
+                if real is None or not _inside(real, root):
+                    return f"{p.relative_to(folder)} -> {real if real is not None else 'a link loop'}"
+                continue
+            if p.is_dir() and p not in seen:
+                seen.add(p)
+                stack.append(p)
+    return None
+
+
 def discover(run_path: Path) -> list[Source]:
-    """Every input under run_path (a directory or a single file), in a stable order, with ids assigned."""
+    """Every input under run_path (a directory or a single file), in a stable order, with ids assigned.
+
+    A run dir is untrusted: symbolic links are followed only where they stay inside it (a link out of it is a
+    skipped source saying so), and every real folder and file is visited once, so links to `..` or `/` neither
+    walk outside nor loop."""
     run_path = Path(run_path)
     mods = formats()
     folder_mods = [m for m in mods if getattr(m, "FOLDER", False)]
@@ -98,8 +136,22 @@ def discover(run_path: Path) -> list[Source]:
     if run_path.is_file():
         sources = _sniff_file(run_path, mods)
     else:
+        root = _real(run_path) or run_path.absolute()
+        seen: set[Path] = {root}
         stack = [run_path]
-        while stack:
+        links: list[Path] = []  # links inside the run dir: taken after every real name, so a target keeps its own
+        while stack or links:
+            if not stack:
+                p = links.pop(0)
+                real = _real(p)
+                if real is None or real in seen:
+                    continue
+                seen.add(real)
+                if p.is_dir():
+                    stack.append(p)
+                else:
+                    sources.extend(_sniff_file(p, mods))
+                continue
             d = stack.pop()
             try:
                 entries = sorted(d.iterdir(), key=lambda p: p.name)
@@ -110,13 +162,33 @@ def discover(run_path: Path) -> list[Source]:
             for p in entries:
                 if p.name.startswith(".") or p.name in _SKIP_DIRS:
                     continue
-                if p.is_symlink() and not p.exists():
+                real = _real(p)
+                if p.is_symlink():
+                    if real is None:
+                        why = "a symbolic link that loops" if p.exists() or _is_loop(p) else "a broken symbolic link"
+                        sources.append(Source(p, "unknown", status="skipped", detail=f"{why}: not followed"))
+                        continue
+                    if not _inside(real, root):
+                        sources.append(Source(p, "unknown", status="skipped", detail=(
+                            f"symbolic link to {real}, outside the run dir: not followed (a run dir is untrusted; "
+                            "copy the file into it to analyse it)")))
+                        continue
+                    if real not in seen:
+                        links.append(p)
                     continue
+                if real is None or real in seen:
+                    continue  # reached before (a bind mount, a hard-linked folder): each real path is read once
+                seen.add(real)
                 if p.is_dir():
                     taken = next((m for m in folder_mods if m.sniff(p, b"")), None)
                     if taken is not None:
                         r = rank_from_name(p)
-                        sources.append(Source(p, taken.KIND, rank=r, rank_origin="file name" if r is not None else ""))
+                        src = Source(p, taken.KIND, rank=r, rank_origin="file name" if r is not None else "")
+                        out = _link_out(p, root)
+                        if out is not None:
+                            src.status, src.detail = "skipped", (
+                                f"holds a symbolic link out of the run dir ({out}): not read (a run dir is untrusted)")
+                        sources.append(src)
                     else:
                         subdirs.append(p)
                 elif p.is_file():
@@ -126,6 +198,16 @@ def discover(run_path: Path) -> list[Source]:
     for i, s in enumerate(sources):
         s.id = i
     return sources
+
+
+def _is_loop(p: Path) -> bool:
+    try:
+        p.stat()
+        return False
+    except OSError as e:
+        return e.errno == 40  # ELOOP
+    except RuntimeError:
+        return True
 
 
 def open_maybe_gzip(path: Path):

@@ -47,8 +47,16 @@ def check(
 ) -> CheckResult:
     config = config or cfgmod.Config()
     rules = load_rules(rules_dirs)
+    if not rules:
+        raise cfgmod.ConfigError(f"no rule files (TQL*.yaml) in {', '.join(map(str, rules_dirs or []))}; point --rules at a rule pack")
     cfgmod.check_params(config, rules)
+    cfgmod.check_selectors(select or [], rules, "--select")
+    cfgmod.check_selectors(ignore or [], rules, "--ignore")
+    cfgmod.check_selectors(config.select, rules, f"{config.path}: select")
+    cfgmod.check_selectors(config.ignore, rules, f"{config.path}: ignore")
     chosen = cfgmod.choose(rules, (select or []) or config.select, (ignore or []) + config.ignore)
+    if not chosen:
+        raise cfgmod.ConfigError("--select/--ignore leave no rule to run; see `traceql rules list`")
     overrides = {k: dict(v) for k, v in config.params.items()}
     for rid, params in cfgmod.parse_set(sets or [], rules).items():
         overrides.setdefault(rid, {}).update(params)

@@ -358,6 +358,10 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
     origin = ""
     if len(ranks_seen) == 1:
         rank, origin = next(iter(ranks_seen)), "TORCH_TRACE records"
+        m = _RANK_IN_NAME.search(path.name)
+        if m and int(m.group(1)) != rank:  # a launcher that set RANK unlike the process group, or a renamed file
+            note = f"its records say rank {rank}, its file name rank {m.group(1)}: the records are trusted"
+            source.detail = f"{source.detail}; {note}" if source.detail else note
     elif not ranks_seen:
         m = _RANK_IN_NAME.search(path.name)
         if m:
@@ -365,7 +369,7 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
         elif getattr(source, "rank", None) is not None:
             rank, origin = source.rank, source.rank_origin or "file name"
         else:
-            rank, origin = 0, "single process (no rank in the log)"
+            rank, origin = 0, "assumed"  # a single process's log names no rank; link.ranks checks no other claims 0
     if rank is not None:
         source.rank = rank
         source.ranks = [rank]

@@ -1295,6 +1295,8 @@ def _header_meta(header: dict, source: Source, span: tuple) -> tuple[str | None,
     if isinstance(rank, int) and not isinstance(rank, bool):
         if source.rank is not None and source.rank != rank:
             meta["rank_in_file_name"] = source.rank
+            note = f"distributedInfo says rank {rank}, the file name rank {source.rank}: distributedInfo is trusted"
+            source.detail = f"{source.detail}; {note}" if source.detail else note
         source.rank = rank
         source.rank_origin = "distributedInfo"
     elif source.rank is not None:

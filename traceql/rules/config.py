@@ -23,14 +23,42 @@ class Config:
     path: Path | None = None
 
 
-def find_config(start: Path) -> Path | None:
-    start = start.resolve()
-    for d in [start if start.is_dir() else start.parent, *(start if start.is_dir() else start.parent).parents]:
-        for name in ("traceql.toml", "pyproject.toml"):
-            p = d / name
+def _config_in(d: Path) -> Path | None:
+    for name in ("traceql.toml", "pyproject.toml"):
+        p = d / name
+        try:
             if p.is_file() and (name == "traceql.toml" or b"[tool.traceql]" in p.read_bytes()):
                 return p
+        except OSError:
+            continue
     return None
+
+
+def _inside(p: Path, root: Path) -> bool:
+    return p == root or root in p.parents
+
+
+def find_config(start: Path, untrusted: Path | None = None) -> Path | None:
+    """The nearest traceql.toml (or pyproject.toml with [tool.traceql]) from `start` upwards, passing over any inside
+    `untrusted` (the analysed run dir: configuration changes the verdict, so it comes from the user's checkout)."""
+    start = start.resolve()
+    top = start if start.is_dir() else start.parent
+    root = untrusted.resolve() if untrusted is not None else None
+    for d in [top, *top.parents]:
+        if root is not None and _inside(d, root):
+            continue
+        p = _config_in(d)
+        if p is not None:
+            return p
+    return None
+
+
+def run_config(run_dir: Path) -> Path | None:
+    """A configuration file inside the run dir itself, which `check` ignores unless --trust-run-config."""
+    return _config_in(run_dir) if run_dir.is_dir() else None
+
+
+_KEYS = ("select", "ignore", "fail-on", "fail_on", "suppress", "rules")
 
 
 def load_config(path: Path | None) -> Config:
@@ -38,10 +66,17 @@ def load_config(path: Path | None) -> Config:
         return Config()
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"{path}: cannot read configuration: {e}") from None
+    where = ""
     if path.name == "pyproject.toml":
         data = data.get("tool", {}).get("traceql", {})
+        where = "[tool.traceql] "
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: [tool.traceql] must be a table")
+    unknown = sorted(set(data) - set(_KEYS))
+    if unknown:
+        raise ConfigError(f"{path}: {where}{unknown[0]}: unknown key; valid keys: select, ignore, fail-on, suppress, [rules.ID]")
     cfg = Config(path=path)
     cfg.select = _str_list(path, "select", data.get("select", []))
     cfg.ignore = _str_list(path, "ignore", data.get("ignore", []))
@@ -49,7 +84,10 @@ def load_config(path: Path | None) -> Config:
     if cfg.fail_on not in FAIL_ON:
         raise ConfigError(f"{path}: fail-on = {cfg.fail_on!r}; valid: {', '.join(FAIL_ON)}")
     cfg.suppress = _str_list(path, "suppress", data.get("suppress", []))
-    for rid, params in (data.get("rules") or {}).items():
+    rules = data.get("rules") or {}
+    if not isinstance(rules, dict):
+        raise ConfigError(f"{path}: rules must be a table of [rules.ID] tables, e.g. [rules.TQL101] min_exposed_ms = 5")
+    for rid, params in rules.items():
         if not isinstance(params, dict):
             raise ConfigError(f"{path}: [rules.{rid}] must be a table of param = value")
         cfg.params.setdefault(rid.upper(), {}).update(params)
@@ -69,18 +107,49 @@ def _str_list(path: Path, key: str, v) -> list[str]:
 
 
 def check_params(cfg: Config, rules: list[Rule]) -> None:
-    """Thresholds in the config file must name a rule and one of its params: a typo must not pass silently."""
+    """Thresholds in the config file must name a rule and one of its params, with a value of the param's type: a
+    typo or a string where a number belongs must not pass silently (or fail later as a rule error)."""
     by_id = {r.id: r for r in rules}
     by_name = {r.name.upper(): r for r in rules}
     for rid, params in list(cfg.params.items()):
         rule = by_id.get(rid) or by_name.get(rid)
         if rule is None:
             raise ConfigError(f"{cfg.path}: [rules.{rid}]: no such rule; see `traceql rules list`")
-        for p in params:
+        for p, v in params.items():
             if p not in rule.params:
                 raise ConfigError(f"{cfg.path}: [rules.{rid}] {p}: {rule.id} has no param {p!r}; valid: {', '.join(rule.params) or 'none'}")
+            want = _type_name(rule.params[p].get("default"))
+            numeric = {want, _type_name(v)} <= {"integer", "number"}
+            if want and _type_name(v) != want and not numeric:
+                raise ConfigError(f"{cfg.path}: [rules.{rid}] {p} = {v!r}: expected {want} (default {rule.params[p].get('default')!r})")
         if rule.id != rid:  # given by name: key it by id, as the engine looks it up
             cfg.params.setdefault(rule.id, {}).update(cfg.params.pop(rid))
+
+
+def _type_name(v) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "list"
+    return type(v).__name__
+
+
+def check_selectors(patterns: list[str], rules: list[Rule], where: str) -> None:
+    """Every --select/--ignore pattern (or select/ignore entry of a config file) must match a rule: a misspelt id
+    would otherwise run everything, or nothing, and still look like a clean check."""
+    for p in patterns:
+        if not p.strip():
+            continue
+        if not any(matches(r.id, [p]) or r.name == p.strip() for r in rules):
+            raise ConfigError(f"{where} {p.strip()!r}: matches no rule; see `traceql rules list` (ids, prefixes such as TQL1, or names)")
 
 
 def parse_set(items: list[str], rules: list[Rule]) -> dict[str, dict]:

@@ -321,4 +321,11 @@ def _collided(run: Run) -> list[int]:
 
 def run_rules(run: Run, rules: list[Rule], overrides: dict[str, dict] | None = None) -> list[RuleResult]:
     overrides = overrides or {}
-    return [evaluate(run, r, overrides.get(r.id)) for r in rules]
+    out = []
+    for r in rules:
+        try:
+            out.append(evaluate(run, r, overrides.get(r.id)))
+        except Exception as e:  # a rule (or the derived table it reads) that breaks must not hide the others' findings
+            first = (str(e).splitlines() or [""])[0]
+            out.append(RuleResult(r, "error", f"{r.path.name}: internal error ({type(e).__name__}: {first}); please report it with the run"))
+    return out
