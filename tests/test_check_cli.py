@@ -178,3 +178,89 @@ def test_a_changed_importer_misses_the_cache(tmp_path, monkeypatch):
     assert cache.digest(src) != before
     monkeypatch.setattr(cache, "_INGEST", None)
     assert cache.digest(src) == before
+
+
+# --- exit codes are a contract: 0 clean, 1 findings, 2 usage or configuration, 3 a rule or internal error ------------
+
+DEMO = SAMPLES / "demo"
+
+
+def _broken_rules(tmp_path) -> Path:
+    """The bundled TQL101 plus a rule whose condition names a column its table lacks: it errors when it runs."""
+    from traceql.rules.loader import default_rules_dir
+
+    d = tmp_path / "rules"
+    d.mkdir()
+    shutil.copy(next(default_rules_dir().glob("TQL101-*.yaml")), d)
+    text = next(default_rules_dir().glob("TQL208-*.yaml")).read_text()
+    lines = [ln for ln in text.splitlines() if not ln.startswith("condition:")]
+    lines.insert(3, 'condition: "no_such_column > 1"')
+    (d / "TQL208-broken.yaml").write_text("\n".join(lines) + "\n")
+    return d
+
+
+def test_a_rule_that_errors_is_exit_3_and_never_no_findings(tmp_path):
+    rules = _broken_rules(tmp_path)
+    r = CliRunner().invoke(main, ["check", str(DEMO), "--rules", str(rules), "--quiet", "--fail-on", "never"])
+    assert r.exit_code == 3, r.output
+    errs = [ln for ln in r.stdout.splitlines() if "rule error" in ln]
+    assert len(errs) == 1 and "TQL208" in errs[0] and "no_such_column" in errs[0]
+    assert "No findings" not in r.stdout and "1 rule(s) failed" in r.stdout
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("traceql:") and "TQL208" in line and "incomplete" in line
+    # the JSON report says the same: the rule's status is error, the exit is 3
+    r = CliRunner().invoke(main, ["check", str(DEMO), "--rules", str(rules), "--quiet", "--format", "json"])
+    assert r.exit_code == 3
+    assert {x["id"]: x["status"] for x in json.loads(r.stdout)["rules"]}["TQL208"] == "error"
+
+
+def test_no_findings_only_when_every_rule_ran(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    shutil.copy(DEMO / "rank0.pt.trace.json.gz", d)
+    r = run_cli("check", d, "--select", "TQL5", "--fail-on", "never")  # NCCL rules: no NCCL log here
+    assert r.exit_code == 0
+    assert "No findings" not in r.stdout and "skipped" in r.stdout.splitlines()[-1]
+    r = run_cli("check", d, "--select", "TQL001", "--fail-on", "never")  # runs on every run
+    assert r.exit_code == 0 and "No findings" in r.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--select", "TQL9"], "--select 'TQL9'"),
+    (["--ignore", "TQL1O1"], "--ignore 'TQL1O1'"),
+    (["--select", "TQL101", "--ignore", "TQL1"], "no rule to run"),
+    (["--set", "TQL101.min_exposed_ms=lots"], "not a number"),
+])
+def test_usage_errors_are_exit_2_in_one_line(args, needle):
+    r = CliRunner().invoke(main, ["check", str(DEMO), "--quiet", *args])
+    assert r.exit_code == 2, r.output
+    (line,) = r.stderr.strip().splitlines()
+    assert needle in line
+
+
+def test_an_empty_rule_folder_is_exit_2(tmp_path):
+    (tmp_path / "rules").mkdir()
+    r = CliRunner().invoke(main, ["check", str(DEMO), "--rules", str(tmp_path / "rules"), "--quiet"])
+    assert r.exit_code == 2 and "no rule files" in r.stderr
+
+
+def test_an_invalid_rule_file_is_exit_3(tmp_path):
+    d = tmp_path / "rules"
+    d.mkdir()
+    (d / "TQL101-x.yaml").write_text("id: TQL101\nname: Not Kebab\n")
+    r = CliRunner().invoke(main, ["check", str(DEMO), "--rules", str(d), "--quiet"])
+    assert r.exit_code == 3 and len(r.stderr.strip().splitlines()) == 1 and "TQL101-x.yaml" in r.stderr
+
+
+def test_a_source_error_is_one_line_even_with_a_newline_in_its_name(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    shutil.copy(DEMO / "rank0.pt.trace.json.gz", d)
+    with gzip.open(DEMO / "rank1.pt.trace.json.gz", "rb") as f:
+        head = f.read()[:300]  # the header only: cut before the first complete event
+    (d / "rank1\nforged line.pt.trace.json").write_bytes(head)
+    r = run_cli("check", d, "--fail-on", "never")
+    assert r.exit_code == 0, r.output
+    errs = [ln for ln in r.stdout.splitlines() if ln.strip().startswith("error")]
+    assert len(errs) == 1 and "rank1\\nforged line.pt.trace.json" in errs[0] and "no complete trace event" in errs[0]
+    assert not any(ln.startswith("forged line") for ln in r.stdout.splitlines())

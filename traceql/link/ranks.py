@@ -95,8 +95,11 @@ def _assume(run: Run) -> list[int]:
             assumed.append(s.id)
     for s in read:
         # an nsys export of one GPU process without RANK in its environment: "process order" of one is an assumption
-        if s.kind == "nsys" and s.rank_origin == "process order" and len(_held(s)) == 1 and _held(s) == [0]:
+        if s.kind == "nsys" and s.rank_origin == "process order" and _held(s) == [0]:
             s.rank_origin = "assumed"
+        # importers that assume rank 0 themselves (a TORCH_TRACE log of one process naming no rank) say so here
+        if s.rank_origin == "assumed" and "assumed" not in s.detail:
+            _add_detail(s, "rank 0 assumed: no rank in its content or name")
     return assumed
 
 
@@ -144,7 +147,7 @@ def _collisions(run: Run) -> list[dict]:
                 detail = (f"rank collision: {how} {krel} ({kind} rank {rank}, {kept.rank_origin or 'origin unknown'}), which "
                           f"is analysed for the rank; this one ({s.rank_origin or 'origin unknown'}) is not, so that two "
                           f"runs' rows never merge; check it on its own: traceql check {s.path}")
-                s.status, s.detail = "skipped", detail
+                s.status, s.detail = "skipped", f"{detail}; {s.detail}" if s.detail else detail
                 s.meta["rank_collision"] = {"rank": rank, "kept": krel}
                 rows.append({"rank": rank, "kind": kind, "problem": "rank-collision", "source": s.id, "path": rel,
                              "origin": s.rank_origin or "unknown", "kept_source": kept.id, "kept": krel,

@@ -32,7 +32,7 @@ class Source:
     host: str | None = None
     status: str = "ok"
     detail: str = ""
-    rank_origin: str = ""  # distributedInfo, file name, process order, ...
+    rank_origin: str = ""  # distributedInfo, file name, process order, ..., "assumed" (link.ranks: nothing names it)
     meta: dict = field(default_factory=dict)  # small per-source facts (schemaVersion, device props, versions)
     cache_key: str | None = None  # the Parquet cache entry of its tables (content + kind + importer version)
 
@@ -48,6 +48,7 @@ class Source:
             "kind": self.kind,
             "rank": self.rank,
             "ranks": sorted(self.ranks) if self.ranks else ([self.rank] if self.rank is not None else []),
+            "rank_origin": self.rank_origin,  # distributedInfo, file name, ..., or "assumed" (a lone rankless source)
             "status": self.status,
             "detail": self.detail,
         }
