@@ -264,3 +264,16 @@ def test_a_source_error_is_one_line_even_with_a_newline_in_its_name(tmp_path):
     errs = [ln for ln in r.stdout.splitlines() if ln.strip().startswith("error")]
     assert len(errs) == 1 and "rank1\\nforged line.pt.trace.json" in errs[0] and "no complete trace event" in errs[0]
     assert not any(ln.startswith("forged line") for ln in r.stdout.splitlines())
+
+
+def test_an_importer_bug_is_exit_3(tmp_path, monkeypatch):
+    import traceql.ingest.kineto as kineto
+
+    def broken(path, source):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(kineto, "read", broken)
+    r = CliRunner().invoke(main, ["check", str(DEMO), "--quiet", "--no-cache", "--fail-on", "never"])
+    assert r.exit_code == 3, r.output
+    (line,) = r.stderr.strip().splitlines()
+    assert "internal error" in line and "rank0.pt.trace.json.gz" in line

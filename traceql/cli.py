@@ -104,6 +104,11 @@ def _config_path(run_dir: Path, given: Path | None, trust: bool, find_config, ru
 def _verdict(result, run_dir: Path, level: str) -> int:
     """The exit status of a rendered check, with a one-line reason on stderr for 2 and 3."""
     run = result.run
+    broken = [s for s in run.sources if s.meta.get("internal_error")]
+    if broken:
+        _say(f"{len(broken)} source(s) hit an internal error of traceql ({', '.join(s.path.name for s in broken[:3])}): "
+             "the report is incomplete; please report it with the file")
+        return EXIT_INTERNAL
     analysed = [s for s in run.sources if s.status in ("ok", "partial")]
     if not analysed:
         _say(f"nothing could be analysed in {run_dir}: no readable input (see the sources listed above); point traceql "

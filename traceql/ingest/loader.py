@@ -55,6 +55,7 @@ def _ingest_one(source: Source, use_cache: bool) -> tuple[Source, dict[str, pl.D
     except Exception as e:  # an importer bug must not take the other sources down
         source.status = "error"
         source.detail = f"internal error reading it ({type(e).__name__}: {e}); please report it with the file"
+        source.meta["internal_error"] = True  # a bug, not a bad input: `check` exits 3
         return source, {}
     if key is not None:
         cache.store(source, key, tables)

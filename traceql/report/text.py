@@ -83,7 +83,7 @@ def _no_findings(ran: int, not_run: int, errored: int, any_rank: bool) -> str:
         return (f"[red]{errored} rule(s) failed[/] (listed above); the {ran} rule(s) that ran found nothing"
                 + (f", {not_run} skipped" if not_run else "") + ": this report is incomplete.")
     if not any_rank:
-        return f"Nothing analysed: no source could be attributed to a rank ({ran} rule(s) ran, {not_run} skipped)."
+        return f"Nothing analysed: no source was read and attributed to a rank ({ran} rule(s) ran, {not_run} skipped)."
     if not_run:
         return (f"{ran} rule(s) ran and found nothing; {not_run} rule(s) skipped (their inputs are not in this run"
                 " or ranks collided; -v lists why).")
