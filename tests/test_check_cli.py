@@ -277,3 +277,18 @@ def test_an_importer_bug_is_exit_3(tmp_path, monkeypatch):
     assert r.exit_code == 3, r.output
     (line,) = r.stderr.strip().splitlines()
     assert "internal error" in line and "rank0.pt.trace.json.gz" in line
+
+
+def test_an_internal_error_while_linking_is_exit_3_in_one_line(monkeypatch):
+    import traceql.link.ranks as ranks
+
+    def broken(run):
+        raise ValueError("first line\nsecond line")
+
+    monkeypatch.setattr(ranks, "resolve_ranks", broken)
+    monkeypatch.delenv("TRACEQL_DEBUG", raising=False)
+    for cmd in ("check", "summary"):
+        r = CliRunner().invoke(main, [cmd, str(DEMO), "--quiet"])
+        assert r.exit_code == 3, (cmd, r.output)
+        (line,) = r.stderr.strip().splitlines()
+        assert "internal error: ValueError: first line" in line and "second line" not in line

@@ -59,11 +59,11 @@ def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_p
     be analysed, 3 a rule or internal error (the report is incomplete).
     """
     from traceql import pipeline
-    from traceql.rules.config import ConfigError, find_config, load_config, run_config
+    from traceql.rules.config import ConfigError, load_config
     from traceql.rules.loader import RuleError
 
     try:
-        config = load_config(_config_path(run_dir, config_path, trust_run_config, find_config, run_config))
+        config = load_config(_config_path(run_dir, config_path, trust_run_config))
         suppress = _baseline(baseline) if baseline else None
         result = pipeline.check(
             run_dir, select=_csv(select), ignore=_csv(ignore), sets=list(sets), rules_dirs=list(rules_dirs) or None,
@@ -77,7 +77,7 @@ def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_p
         _fail(str(e), EXIT_INTERNAL)
         return
     except Exception as e:  # an internal error must not pass as a clean (or a usage) exit
-        _fail(f"internal error: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}; please report it with the run", EXIT_INTERNAL)
+        _internal(e)
         return
     text = _render(result, fmt, color=out is None and sys.stdout.isatty(), verbose=verbose)
     if out:
@@ -87,9 +87,11 @@ def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_p
     sys.exit(_verdict(result, run_dir, fail_on or config.fail_on))
 
 
-def _config_path(run_dir: Path, given: Path | None, trust: bool, find_config, run_config) -> Path | None:
+def _config_path(run_dir: Path, given: Path | None, trust: bool) -> Path | None:
     """--config, else the checkout's (current folder upwards, never inside the run dir unless trusted); a config file
     inside the run dir that is passed over is named in one line."""
+    from traceql.rules.config import find_config, run_config
+
     inside = run_config(run_dir) if run_dir.is_dir() else None
     if given is not None:
         return given
@@ -99,6 +101,16 @@ def _config_path(run_dir: Path, given: Path | None, trust: bool, find_config, ru
     if inside is not None and found != inside:
         _say(f"ignoring {inside}: configuration inside the analysed run is not trusted (pass --trust-run-config to use it)")
     return found
+
+
+def _internal(e: Exception) -> None:
+    """Exit 3 with one line; TRACEQL_DEBUG=1 shows the traceback instead."""
+    import os
+
+    if os.environ.get("TRACEQL_DEBUG"):
+        raise e
+    _fail(f"internal error: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}; please report it with the run "
+          "(TRACEQL_DEBUG=1 shows where)", EXIT_INTERNAL)
 
 
 def _verdict(result, run_dir: Path, level: str) -> int:
@@ -176,7 +188,7 @@ def summary(run_dir, fmt, no_cache, quiet):
         _fail(str(e))
         return
     except Exception as e:  # an internal error must not pass as a clean (or a usage) exit
-        _fail(f"internal error: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}; please report it with the run", EXIT_INTERNAL)
+        _internal(e)
         return
     if not data["ranks"]:
         _say(f"no rank could be analysed in {run_dir}: no source holds a rank's steps or kernels; see `traceql check {run_dir}`")
