@@ -144,10 +144,16 @@ def _collisions(run: Run) -> list[dict]:
             for s in g[1:]:
                 lost.add(s.id)
                 rel, krel = _rel(run, s.path), _rel(run, kept.path)
-                detail = (f"rank collision: {how} {krel} ({kind} rank {rank}, {kept.rank_origin or 'origin unknown'}), which "
-                          f"is analysed for the rank; this one ({s.rank_origin or 'origin unknown'}) is not, so that two "
-                          f"runs' rows never merge; check it on its own: traceql check {s.path}")
-                s.status, s.detail = "skipped", f"{detail}; {s.detail}" if s.detail else detail
+                if s.rank_origin == "assumed":
+                    detail = (f"rank collision: no rank in its content or name, like {krel}, which is analysed as rank "
+                              f"{rank}; their ranks cannot be told apart, so this one is not analysed; name the files "
+                              f"after their ranks (rank1.pt.trace.json.gz) or check it on its own: traceql check {s.path}")
+                else:
+                    detail = (f"rank collision: {how} {krel} ({kind} rank {rank}, from {kept.rank_origin or 'unknown'}), "
+                              f"which is analysed for the rank; this one (from {s.rank_origin or 'unknown'}) is not, so "
+                              f"that two runs' rows never merge; check it on its own: traceql check {s.path}")
+                rest = "; ".join(p for p in s.detail.split("; ") if p and not p.startswith("rank 0 assumed"))
+                s.status, s.detail = "skipped", f"{detail}; {rest}" if rest else detail
                 s.meta["rank_collision"] = {"rank": rank, "kept": krel}
                 rows.append({"rank": rank, "kind": kind, "problem": "rank-collision", "source": s.id, "path": rel,
                              "origin": s.rank_origin or "unknown", "kept_source": kept.id, "kept": krel,
