@@ -381,6 +381,9 @@ _ARG_KEYS = {
     "pg_ranks": "Process Group Ranks", "group_size": "Group size", "in_nelems": "In msg nelems",
     "out_nelems": "Out msg nelems", "dtype": "dtype", "seq_a": "Seq", "seq_b": "seq", "seq_c": "seq_num",
     "seq_d": "Seq num", "seq_e": "sequence_number",
+    # shapes and dtypes of a gloo annotation's tensors (with record_shapes): its message size, where no
+    # record_param_comms op gives one (the scanner keeps them for gloo annotations only)
+    "in_dims": "Input Dims", "in_types": "Input type",
 }
 _COLL_ATTRS = list(_ARG_KEYS)[list(_ARG_KEYS).index("coll_name") :]
 
