@@ -36,7 +36,7 @@ def _tql102(path):
 
 
 def test_ddp_gloo_buckets_have_their_sizes_and_are_no_storm():
-    path = REPO / "fixtures" / "cpu-gloo-buckets-shapes"
+    path = REPO / "fixtures" / "gloo-shapes-buckets"
     c = load_run(path, use_cache=False, jobs=1).table("collectives").filter(pl.col("step").is_not_null())
     assert set(c["backend"]) == {"gloo"} and c["bytes"].null_count() == 0
     per = c.group_by("rank", "step").agg(pl.len().alias("n"), pl.col("bytes").median().alias("med"))
@@ -46,7 +46,7 @@ def test_ddp_gloo_buckets_have_their_sizes_and_are_no_storm():
 
 
 def test_small_gloo_all_reduces_still_storm_with_their_size():
-    found = _tql102(REPO / "fixtures" / "cpu-small-allreduce-storm-shapes")
+    found = _tql102(REPO / "fixtures" / "gloo-shapes-small-allreduce-storm")
     assert sorted(r for f in found for r in f.ranks) == [0, 1]
     assert all(f.evidence["median_bytes"] == 544 and "544 B" in f.message for f in found)
 

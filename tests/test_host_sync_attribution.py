@@ -77,3 +77,13 @@ def test_tql211_never_reports_what_tql201_reports():
     info = {(tuple(f.ranks), f.evidence["call"], f.evidence["host_op"]) for f in _findings(path, "TQL211")}
     assert info and warn and not (info & warn)
     assert info == {((0,), "cudaEventSynchronize", NO_OP)}
+
+
+def test_tql207_names_the_op_whose_calls_blocked_longest():
+    found = _findings(REPO / "fixtures" / "h200-host-sync-per-step", "TQL207")
+    by_call = {f.evidence["call"]: f for f in found}
+    assert by_call["cudaStreamSynchronize"].evidence["host_op"] == "aten::_local_scalar_dense"
+    assert "mostly from aten::_local_scalar_dense" in by_call["cudaStreamSynchronize"].message
+    # nsys-only: no op encloses the per-step syncs, and they outweigh the NCCL init range's
+    found = _findings(REPO / "fixtures" / "h200-host-sync-per-step-nsys", "TQL207")
+    assert {f.evidence["call"]: f.evidence["host_op"] for f in found}["cudaStreamSynchronize"] == NO_OP

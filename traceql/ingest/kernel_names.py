@@ -107,6 +107,10 @@ RUNTIME_KINDS = (
 )
 
 
+# Copies that block the host until the GPU has done them: the synchronous cudaMemcpy family (not *Async).
+BLOCKING_COPY = r"^(cuda|hip)Memcpy(2D|3D)?$|^cuMemcpy(DtoH|HtoD|DtoD)(_v\d+)?$"
+
+
 def runtime_kind_expr(name: pl.Expr) -> pl.Expr:
     """launch, sync, event_record, event_wait, memcpy, memset, malloc, free or other, from a suffix-free API name."""
     n = name.str.to_lowercase()

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import polars as pl
 
+from traceql.ingest.kernel_names import BLOCKING_COPY
 from traceql.model import Run
 
-SYNC_CALL = r"^(cuda|cu|hip)(DeviceSynchronize|StreamSynchronize|EventSynchronize|CtxSynchronize|StreamQuery|EventQuery)$"
-SYNC_COPY = r"^(cuda|hip)Memcpy(2D|3D)?$|^cuMemcpy(DtoH|HtoD|DtoD)(_v\d+)?$"
 
 
 # The host op of a blocking call that no op or NVTX range (other than the step's own) encloses.
@@ -37,8 +36,9 @@ def blocking_calls(run: Run) -> pl.DataFrame:
     rt = run.table("runtime")
     # regexes over the distinct names only (a few dozen), not over millions of rows
     names = rt.select(pl.col("name").unique().drop_nulls())
-    copies = names.filter(pl.col("name").str.contains(SYNC_COPY))["name"].to_list()
+    copies = names.filter(pl.col("name").str.contains(BLOCKING_COPY))["name"].to_list()
     queries = names.filter(pl.col("name").str.contains("Query"))["name"].to_list()
+    # synchronisations are runtime kind "sync" (kernel_names.RUNTIME_KINDS); queries return at once
     blocking = rt.filter(
         ((pl.col("kind") == "sync") & pl.col("name").is_not_null() & ~pl.col("name").is_in(queries)) | pl.col("name").is_in(copies)
     ).with_columns(pl.col("rank").cast(pl.Int32))
