@@ -23,7 +23,8 @@
  *   event is "wait_on_cuda_event_id", else "event"; pid/tid strings of digits are numbers, other pid/tid strings go
  *   to pid_s/tid_s.
  * - colls: [(id, args bytes)] for the events whose args hold a collective key ("Collective name", "Process Group
- *   Name", ...), so that the caller can parse those few args objects in full.
+ *   Name", ...), and for collective calls (record_param_comms, nccl:/gloo:... annotations) whose args hold "Input
+ *   Dims" (record_shapes: a gloo call's only size), so that the caller can parse those few args objects in full.
  *
  * Nothing here trusts the input: every read is bounds-checked against length, nesting depth is capped, and the
  * output only ever grows by appends with checked sizes. */
