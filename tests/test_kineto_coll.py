@@ -193,8 +193,13 @@ def reference(host: pl.DataFrame | None, coll_args: dict, runtime: pl.DataFrame 
         cols["seq"].append(seq)
         cols["in_nelems"].append(in_n)
         cols["out_nelems"].append(_int1(args.get("Out msg nelems")))
+        nbytes = in_n * size if in_n is not None and size else None
+        if in_n is None and args.get("Input Dims") is not None:  # added since 874861f: a gloo call's size from its shapes
+            got = _kineto_coll._input_size(args.get("Input Dims"), args.get("Input type"))
+            if got is not None:
+                cols["in_nelems"][-1], dtype, nbytes = got
         cols["dtype"].append(None if dtype is None else str(dtype))
-        cols["bytes"].append(in_n * size if in_n is not None and size else None)
+        cols["bytes"].append(nbytes)
         cols["ts"].append(ts)
         cols["end"].append(end)
         cols["dur"].append(dur)

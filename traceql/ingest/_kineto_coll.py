@@ -292,9 +292,19 @@ def _from_args(args: list | None, present: set, n: int) -> dict[str, list | pl.S
             else:
                 seq.append(None)
     nbytes = none
+    dtype = text("dtype", str)
     if "In msg nelems" in present and "dtype" in present:
         size = [dtype_bytes(d) for d in col("dtype")]
         nbytes = [k * s if k is not None and s and -_I64 <= k * s < _I64 else None for k, s in zip(in_n, size)]
+    if "Input Dims" in present:
+        # gloo calls have no record_param_comms op: their annotation (gloo:all_reduce) carries its tensors' shapes
+        # and dtypes when the profiler recorded shapes; the message is the sum of its input tensors
+        in_n, dtype, nbytes = (list(c) if not isinstance(c, list) else c for c in (in_n, dtype, nbytes))
+        for i, a in enumerate(args):
+            if in_n[i] is None and a.get("Input Dims") is not None:
+                got = _input_size(a.get("Input Dims"), a.get("Input type"))
+                if got is not None:
+                    in_n[i], dtype[i], nbytes[i] = got
     return {
         "pg_name": text("Process Group Name", str),
         "pg_desc": text("Process Group Description", str),
@@ -304,9 +314,31 @@ def _from_args(args: list | None, present: set, n: int) -> dict[str, list | pl.S
         "seq": seq,
         "in_nelems": in_n,
         "out_nelems": ints("Out msg nelems"),
-        "dtype": text("dtype", str),
+        "dtype": dtype,
         "bytes": nbytes,
     }
+
+
+def _input_size(dims, types) -> tuple[int, str, int] | None:
+    """(elements, dtype, bytes) of a call's input tensors from its Input Dims and Input type args (a shape and a
+    dtype name per input); None where no input is a tensor of a known dtype or the args are malformed."""
+    if not isinstance(dims, list) or not isinstance(types, list):
+        return None
+    n = b = 0
+    first = None
+    for d, t in zip(dims, types):
+        size = dtype_bytes(t) if isinstance(t, str) else None
+        if size is None or not isinstance(d, list) or not all(type(x) is int and x >= 0 for x in d):
+            continue  # not a tensor (a scalar, a list of tensors, an empty slot)
+        k = 1
+        for x in d:
+            k *= x
+        n += k
+        b += k * size
+        first = first or (t[5:] if t.startswith("c10::") else t)  # "c10::BFloat16": the name record_param_comms uses
+    if first is None or not -_I64 <= b < _I64:
+        return None
+    return n, first, b
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -23,7 +23,8 @@
  *   event is "wait_on_cuda_event_id", else "event"; pid/tid strings of digits are numbers, other pid/tid strings go
  *   to pid_s/tid_s.
  * - colls: [(id, args bytes)] for the events whose args hold a collective key ("Collective name", "Process Group
- *   Name", ...), so that the caller can parse those few args objects in full.
+ *   Name", ...), and for collective calls (record_param_comms, nccl:/gloo:... annotations) whose args hold "Input
+ *   Dims" (record_shapes: a gloo call's only size), so that the caller can parse those few args objects in full.
  *
  * Nothing here trusts the input: every read is bounds-checked against length, nesting depth is capped, and the
  * output only ever grows by appends with checked sizes. */
@@ -364,6 +365,7 @@ typedef struct {
     int64_t row[N_FIELDS];
     uint32_t has;
     const unsigned char *args_lo, *args_hi; /* the args object, when it holds a collective key */
+    const unsigned char *shapes_lo, *shapes_hi; /* the args object, when it holds Input Dims (and no such key) */
     int64_t i0, idx;
     int oom;
     int err; /* a Python exception is set (classify failed) */
@@ -822,7 +824,7 @@ static int is_coll_key(const unsigned char *k, Py_ssize_t n) {
 static int parse_args(Feed *f, int *ext2_set, int64_t *ext2, int *ev2_set, int64_t *ev2) {
     Cur *c = &f->c;
     const unsigned char *start = c->p;
-    int coll = 0;
+    int coll = 0, shapes = 0;
     c->p++;
     skip_ws(c);
     if (c->p < c->end && *c->p == '}') {
@@ -857,6 +859,7 @@ static int parse_args(Feed *f, int *ext2_set, int64_t *ext2, int *ev2_set, int64
         }
         if (r == 1) {
             if (!coll && is_coll_key(k, n)) coll = 1;
+            else if (!shapes && KEY("Input Dims")) shapes = 1;
             r = skip_value(c, 1);
         }
         if (r < 0 || (r = after_member(c)) < 0) return -1;
@@ -865,6 +868,30 @@ static int parse_args(Feed *f, int *ext2_set, int64_t *ext2, int *ev2_set, int64
     if (coll) {
         f->args_lo = start;
         f->args_hi = c->p;
+    } else if (shapes) {
+        f->shapes_lo = start;
+        f->shapes_hi = c->p;
+    }
+    return 0;
+}
+
+/* Whether the event is a collective call: a record_param_comms op, or an annotation ("gloo:all_reduce", the
+ * prefixes of collective_names.ANNOTATION). With record_shapes their args hold the tensors' shapes: a gloo call's
+ * only record of its message size (gloo calls have no record_param_comms op), an older record_param_comms op's too. */
+static int is_coll_call(Feed *f) {
+    static const char *const prefixes[] = {"nccl", "gloo", "mpi", "ucc", "hccl", "xccl", "rccl", "mtia", "custom"};
+    if (!(f->has & BIT(F_NAME))) return 0;
+    PyObject *s = PyList_GET_ITEM(f->sc->strings, (Py_ssize_t)f->row[F_NAME]);
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(s, &n);
+    if (!u) { PyErr_Clear(); return 0; }
+    if (n == 18 && memcmp(u, "record_param_comms", 18) == 0) return 1; /* older ones: shapes, no size keys */
+    for (size_t i = 0; i < sizeof(prefixes) / sizeof(prefixes[0]); i++) {
+        size_t k = strlen(prefixes[i]);
+        if ((size_t)n <= k || u[k] != ':') continue;
+        size_t j = 0;
+        while (j < k && (u[j] | 0x20) == prefixes[i][j]) j++;
+        if (j == k) return 1;
     }
     return 0;
 }
@@ -936,6 +963,10 @@ static int commit(Feed *f) {
         }
     }
     b->n++;
+    if (!f->args_lo && f->shapes_lo && is_coll_call(f)) {
+        f->args_lo = f->shapes_lo;
+        f->args_hi = f->shapes_hi;
+    }
     if (f->args_lo) {
         PyObject *t = Py_BuildValue("(Ly#)", (long long)id, (const char *)f->args_lo,
                                     (Py_ssize_t)(f->args_hi - f->args_lo));
@@ -954,7 +985,7 @@ static int parse_event(Feed *f) {
     Cur *c = &f->c;
     f->has = BIT(F_DUR); /* dur defaults to 0 when absent */
     f->row[F_DUR] = 0;
-    f->args_lo = f->args_hi = NULL;
+    f->args_lo = f->args_hi = f->shapes_lo = f->shapes_hi = NULL;
     int ext2_set = 0, ev2_set = 0, seen_args = 0;
     int64_t ext2 = 0, ev2 = 0;
     if (c->p >= c->end || *c->p != '{') return -1;
@@ -985,7 +1016,7 @@ static int parse_event(Feed *f) {
                 else if (!memcmp(k, "args", 4)) {
                     if (seen_args) { /* a repeated args key replaces the first one whole */
                         f->has &= ~ARGS_FIELDS;
-                        f->args_lo = f->args_hi = NULL;
+                        f->args_lo = f->args_hi = f->shapes_lo = f->shapes_hi = NULL;
                         ext2_set = ev2_set = 0;
                     }
                     seen_args = 1;

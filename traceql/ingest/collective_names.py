@@ -50,8 +50,12 @@ DTYPE_BYTES = {
 
 
 def dtype_bytes(name) -> int | None:
-    """Bytes per element of a dtype name, any case; None where unknown."""
-    return None if name is None else DTYPE_BYTES.get(str(name).lower())
+    """Bytes per element of a dtype name, any case, with or without c10's namespace (Input type args say
+    "c10::BFloat16"); None where unknown."""
+    if name is None:
+        return None
+    s = str(name).lower()
+    return DTYPE_BYTES.get(s[5:] if s.startswith("c10::") else s)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -59,6 +59,7 @@ except ImportError:  # pragma: no cover - depends on the build
 from traceql.ingest import IngestError, _kineto_coll
 from traceql.ingest.collective_names import ANNOTATION as _ANNOT
 from traceql.ingest.collective_names import arg_int as _int1
+from traceql.ingest.kernel_names import comm_kernel_expr, kernel_collective_expr, runtime_kind_expr
 from traceql.model import Source
 
 # TRACEQL_KSCAN=0 turns the compiled scanner off (benchmarks compare both; tests check both give the same tables).
@@ -237,56 +238,6 @@ _SYNC_KIND = [
     ("context sync", "context_sync"),
 ]
 
-_KERNEL_COLL = [
-    ("allreduce", "all_reduce"),
-    ("allgather", "all_gather"),
-    ("reducescatter", "reduce_scatter"),
-    ("alltoall", "all_to_all"),
-    ("sendrecv", "send_recv"),
-    ("broadcast", "broadcast"),
-    ("reduce", "reduce"),
-    ("send", "send"),
-    ("recv", "recv"),
-    ("gather", "gather"),
-    ("scatter", "scatter"),
-]
-
-def _runtime_kind_expr(name: pl.Expr) -> pl.Expr:
-    n = name.str.to_lowercase()
-
-    def has(*pats):
-        return pl.any_horizontal([n.str.contains(p, literal=False) for p in pats])
-
-    return (
-        pl.when(has(r"^(cuda|cu|hip|hipext|hipmodule)(ext)?launch", r"graphlaunch", r"^launch"))
-        .then(pl.lit("launch"))
-        .when(has(r"streamwaitevent"))
-        .then(pl.lit("event_wait"))
-        .when(has(r"synchronize$", r"synchronize_", r"ctxsynchronize"))
-        .then(pl.lit("sync"))
-        .when(has(r"eventrecord", r"^recordevent"))
-        .then(pl.lit("event_record"))
-        .when(has(r"^(cuda|cu|hip)memcpy"))
-        .then(pl.lit("memcpy"))
-        .when(has(r"^(cuda|cu|hip)memset"))
-        .then(pl.lit("memset"))
-        .when(has(r"^(cuda|hip)malloc", r"^cumemalloc", r"^(cuda|hip)hostalloc", r"^cumemcreate"))
-        .then(pl.lit("malloc"))
-        .when(has(r"^(cuda|hip)free", r"^cumemfree", r"^cumemrelease"))
-        .then(pl.lit("free"))
-        .otherwise(pl.lit("other"))
-    )
-
-
-def _kernel_collective_expr(name: pl.Expr) -> pl.Expr:
-    # The op token follows the prefix: ncclKernel_AllReduce_RING_LL_Sum_float, ncclDevKernel_SendRecv(...).
-    tok = name.str.extract(r"(?i)^(?:nccl(?:Dev)?Kernel_|rccl\w*?Kernel_?)([A-Za-z]+)", 1).str.to_lowercase()
-    expr = pl.when(tok.is_null()).then(pl.lit(None, dtype=pl.Utf8))
-    for key, op in _KERNEL_COLL:
-        expr = expr.when(tok.str.starts_with(key)).then(pl.lit(op))
-    return expr.otherwise(pl.lit(None, dtype=pl.Utf8))
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Column helpers
 
@@ -430,6 +381,9 @@ _ARG_KEYS = {
     "pg_ranks": "Process Group Ranks", "group_size": "Group size", "in_nelems": "In msg nelems",
     "out_nelems": "Out msg nelems", "dtype": "dtype", "seq_a": "Seq", "seq_b": "seq", "seq_c": "seq_num",
     "seq_d": "Seq num", "seq_e": "sequence_number",
+    # shapes and dtypes of a gloo annotation's tensors (with record_shapes): its message size, where no
+    # record_param_comms op gives one (the scanner keeps them for gloo annotations only)
+    "in_dims": "Input Dims", "in_types": "Input type",
 }
 _COLL_ATTRS = list(_ARG_KEYS)[list(_ARG_KEYS).index("coll_name") :]
 
@@ -744,11 +698,8 @@ def _kernel_rows(df: pl.DataFrame, ids: _Ids, dec=_plain) -> pl.DataFrame:
         correlation="correlation", external_id="external_id", bytes="bytes",
     )
     name = pl.col("_name")
-    low = name.str.to_lowercase()
     cat = pl.col("_cat")
-    is_comm = (cat == "kernel") & (
-        low.str.starts_with("nccl") | low.str.starts_with("rccl") | low.str.contains("nccl", literal=True)
-    )
+    is_comm = (cat == "kernel") & comm_kernel_expr(name)
     mem = name.str.extract_groups(r"^Memcpy (\w+)(?: \((\w+) -> (\w+)\))?")
     u = df.select("cat", "name").unique().with_columns(
         _cat=dec(pl.col("cat")).str.to_lowercase(), _name=dec(pl.col("name"))
@@ -765,7 +716,7 @@ def _kernel_rows(df: pl.DataFrame, ids: _Ids, dec=_plain) -> pl.DataFrame:
         .when(name.str.starts_with("Memset"))
         .then(pl.lit("memset"))
         .otherwise(pl.lit("compute")),
-        collective=pl.when(is_comm).then(_kernel_collective_expr(name)),
+        collective=pl.when(is_comm).then(kernel_collective_expr(name)),
         copy_kind=mem.struct.field("1"),
         src_memory=mem.struct.field("2").str.to_lowercase().replace({"host": None}),
         # "Memcpy DtoH (Device -> Pageable)", "Memset (Pinned)": the memory written, as nsys names it
@@ -798,7 +749,7 @@ def _runtime_rows(df: pl.DataFrame, ids: _Ids, dec=_plain) -> pl.DataFrame:
         correlation="correlation", external_id="external_id",
     )
     bare = dec(pl.col("name")).str.replace(r"_v\d+$", "")
-    u = df.select(pl.col("name").unique()).with_columns(bare=bare).with_columns(kind=_runtime_kind_expr(pl.col("bare")))
+    u = df.select(pl.col("name").unique()).with_columns(bare=bare).with_columns(kind=runtime_kind_expr(pl.col("bare")))
     df = df.join(u, on="name", how="left", nulls_equal=True, maintain_order="left")
     return df.with_columns(name=pl.col("bare")).drop("bare")
 

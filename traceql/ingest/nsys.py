@@ -3,8 +3,8 @@
 One process with GPU activity is one rank; a file can hold several. What the export holds and how it changed:
 
 - Tables exist only when they have rows, and carry no indexes. Names are ids into StringIds.
-- Kernel names: demangledName / shortName / mangledName (all ids). NCCL kernels are ncclKernel_* (older NCCL)
-  or ncclDevKernel_* (newer); the collective is the first word after the prefix.
+- Kernel names: demangledName / shortName / mangledName (all ids). Which are communication (NCCL, RCCL, MSCCL,
+  NVSHMEM, DeepEP, custom all-reduce) is decided by ingest/kernel_names.py, as for Kineto.
 - globalTid / globalPid pack the process: pid = (g >> 24) & 0xFFFFFF, tid = g & 0xFFFFFF. Correlation ids repeat
   across processes, so a kernel joins its launch on correlation AND pid.
 - Runtime API names carry a version suffix (cudaLaunchKernel_v7000); it is dropped.
@@ -32,6 +32,8 @@ from pathlib import Path
 import polars as pl
 
 from traceql.ingest import IngestError
+from traceql.ingest.kernel_names import comm_kernel_expr, kernel_collective_expr, runtime_kind_expr
+
 
 def _adbc():
     """The optional ADBC driver (reads SQLite straight into Arrow, about 3x faster than sqlite3's tuples on big
@@ -62,17 +64,6 @@ _MEM_KIND = {0: "pageable", 1: "pinned", 2: "device", 3: "array", 4: "managed", 
 _SYNC_KIND = {1: "event_sync", 2: "stream_wait_event", 3: "stream_sync", 4: "context_sync"}
 # NVTX_EVENTS.eventType of ranges: push/pop and start/end, plain and NVTXT variants.
 _NVTX_RANGE_TYPES = (59, 60, 70, 71)
-
-_RUNTIME_KINDS = [  # (kind, regex over the suffix-free API name); first match wins
-    ("launch", r"^cu(da)?(Launch|GraphLaunch)"),
-    ("sync", r"^cu(da)?(DeviceSynchronize|StreamSynchronize|EventSynchronize|CtxSynchronize|ThreadSynchronize)"),
-    ("event_record", r"^cu(da)?EventRecord"),
-    ("event_wait", r"^cu(da)?StreamWaitEvent"),
-    ("memcpy", r"^cu(da)?Memcpy"),
-    ("memset", r"^cu(da)?Memset"),
-    ("malloc", r"^cu(da)?(Malloc|MemAlloc|HostAlloc|MemCreate|MemHostAlloc)"),
-    ("free", r"^cu(da)?(Free|MemFree|MemRelease|MemHostFree)"),
-]
 
 # Suffixes that torch's emit_nvtx / record_function NVTX adds to op names ("aten::add, op_id = 12, sizes = [...]").
 _NVTX_OP_SUFFIX = r", (?:seq|op_id|sizes|input_op_ids) = .*$"
@@ -264,12 +255,11 @@ def _kernels(db: _Db, strings: pl.DataFrame) -> pl.DataFrame:
             {"ts": pl.Int64, "end": pl.Int64, "device": pl.Int32, "stream": pl.Int64, "correlation": pl.Int64,
              "gpid": pl.Int64, "name_id": pl.Int64})
         k = _name(k, strings, "name_id", "name")
-        is_nccl = pl.col("name").str.contains(r"^nccl")
-        coll = _camel_to_snake(pl.col("name").str.extract(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)", 1))
-        k = k.with_columns(
-            pl.when(is_nccl).then(pl.lit("comm")).otherwise(pl.lit("compute")).alias("kind"),
-            pl.when(is_nccl).then(coll).otherwise(pl.lit(None, dtype=pl.Utf8)).alias("collective"),
-        )
+        # classified once per distinct name (the shared classifier, as for Kineto), then joined back
+        u = k.select(pl.col("name").unique()).with_columns(_comm=comm_kernel_expr(pl.col("name")))
+        u = u.select("name", pl.when(pl.col("_comm")).then(pl.lit("comm")).otherwise(pl.lit("compute")).alias("kind"),
+                     pl.when(pl.col("_comm")).then(kernel_collective_expr(pl.col("name"))).alias("collective"))
+        k = k.join(u, on="name", how="left", nulls_equal=True, maintain_order="left")
         frames.append(k)
     t = "CUPTI_ACTIVITY_KIND_MEMCPY"
     if db.has(t):
@@ -323,10 +313,7 @@ def _runtime(db: _Db, strings: pl.DataFrame) -> pl.DataFrame:
     names = r.select(pl.col("name_id").unique()).join(strings.rename({"sid": "name_id"}), on="name_id", how="left")
     # the version suffix has 4+ digits (cudaLaunchKernel_v7000); cuGetProcAddress_v2 is the API's own name
     names = names.with_columns(pl.col("value").str.replace(r"_v\d{4,}$", "").alias("name"))
-    kind = pl.lit("other")
-    for k, rx in reversed(_RUNTIME_KINDS):
-        kind = pl.when(pl.col("name").str.contains(rx)).then(pl.lit(k)).otherwise(kind)
-    names = names.with_columns(kind.alias("kind")).drop("value")
+    names = names.with_columns(runtime_kind_expr(pl.col("name")).alias("kind")).drop("value")
     r = r.join(names, on="name_id", how="left", maintain_order="left").drop("name_id")
     return r.with_columns(_pid("gtid").alias("pid"), _tid("gtid").alias("tid"),
                           (pl.col("end") - pl.col("ts")).alias("dur")).drop("gtid")

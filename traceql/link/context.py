@@ -11,8 +11,10 @@ import polars as pl
 from traceql.model import Run
 
 
-def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tuple[str, ...] = ("runtime", "host_ops")) -> pl.DataFrame:
-    """points: _gid, rank, _mid (and tid when tids=True, to stay on the point's own thread) -> _gid, host_op."""
+def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tuple[str, ...] = ("runtime", "host_ops"),
+                 exclude: pl.DataFrame | None = None) -> pl.DataFrame:
+    """points: _gid, rank, _mid (and tid when tids=True, to stay on the point's own thread) -> _gid, host_op.
+    exclude: (rank, source, id) of host ops never to name (the NVTX ranges that are the steps themselves)."""
     picks = []
     src = ["source"] if "source" in points.columns else []
     for table, depth in (("runtime", 1000), ("host_ops", None)):
@@ -26,6 +28,9 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
         t = t.select(cols).with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32))
         t = t.join(points.select(on).unique(), on=on, how="semi", nulls_equal=True)
         t = t.filter(~pl.col("name").str.starts_with("ProfilerStep#") & (pl.col("tid").is_null() | (pl.col("tid") >= 0)))
+        if exclude is not None and table == "host_ops" and exclude.height:
+            t = t.join(exclude.select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), pl.col("id").cast(t.schema["id"])),
+                       on=["rank", "source", "id"], how="anti")
         if t.height == 0:
             continue
         if tids:

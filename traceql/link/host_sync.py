@@ -2,25 +2,43 @@
 
 A runtime call blocks the host when it is a synchronisation (stream/device/event synchronize, context sync) or a
 synchronous copy (cudaMemcpy without Async, DtoH to pageable memory). The causing host op is the innermost host
-op with the call's external id (Kineto), else the innermost op spanning the call on its thread.
+op with the call's external id (Kineto), else the innermost op or NVTX range spanning the call on its thread, never
+the range that is the step itself (an nsys run's "step 3" NVTX range would name every step's syncs differently,
+one finding per step, and say nothing about the code that synchronised).
 """
 
 from __future__ import annotations
 
 import polars as pl
 
+from traceql.ingest.kernel_names import BLOCKING_COPY
 from traceql.model import Run
 
-SYNC_CALL = r"^(cuda|cu|hip)(DeviceSynchronize|StreamSynchronize|EventSynchronize|CtxSynchronize|StreamQuery|EventQuery)$"
-SYNC_COPY = r"^(cuda|hip)Memcpy(2D|3D)?$|^cuMemcpy(DtoH|HtoD|DtoD)(_v\d+)?$"
+
+
+# The host op of a blocking call that no op or NVTX range (other than the step's own) encloses.
+NO_OP = "code outside any op or NVTX range"
+
+
+def _step_ranges(run: Run) -> pl.DataFrame:
+    """(rank, source, id) of the host ops that are steps: the NVTX ranges (or annotations) the steps table was
+    made from, found by their exact span."""
+    steps = run.table("steps")
+    ops = run.table("host_ops")
+    if steps.height == 0 or ops.height == 0:
+        return pl.DataFrame(schema={"rank": pl.Int32, "source": pl.Int32, "id": pl.Int64})
+    key = ["rank", "source", "ts", "end"]
+    steps = steps.select(pl.col(c).cast(ops.schema[c]) for c in key).unique()
+    return ops.select(*key, "id").join(steps, on=key, how="semi").select("rank", "source", "id")
 
 
 def blocking_calls(run: Run) -> pl.DataFrame:
     rt = run.table("runtime")
     # regexes over the distinct names only (a few dozen), not over millions of rows
     names = rt.select(pl.col("name").unique().drop_nulls())
-    copies = names.filter(pl.col("name").str.contains(SYNC_COPY))["name"].to_list()
+    copies = names.filter(pl.col("name").str.contains(BLOCKING_COPY))["name"].to_list()
     queries = names.filter(pl.col("name").str.contains("Query"))["name"].to_list()
+    # synchronisations are runtime kind "sync" (kernel_names.RUNTIME_KINDS); queries return at once
     blocking = rt.filter(
         ((pl.col("kind") == "sync") & pl.col("name").is_not_null() & ~pl.col("name").is_in(queries)) | pl.col("name").is_in(copies)
     ).with_columns(pl.col("rank").cast(pl.Int32))
@@ -43,10 +61,10 @@ def blocking_calls(run: Run) -> pl.DataFrame:
         from traceql.link.context import enclosing_op
 
         pts = out.with_row_index("_gid").filter(pl.col("host_op").is_null()).select("_gid", "rank", "source", "tid", pl.col("ts").alias("_mid"))
-        found = enclosing_op(run, pts, tids=True, tables=("host_ops",))
+        found = enclosing_op(run, pts, tids=True, tables=("host_ops",), exclude=_step_ranges(run))
         out = out.with_row_index("_gid").join(found.with_columns(pl.col("_gid").cast(pl.UInt32)).rename({"host_op": "_by_time"}), on="_gid", how="left")
         out = out.with_columns(pl.col("host_op").fill_null(pl.col("_by_time"))).drop("_gid", "_by_time")
-    out = out.with_columns(pl.col("host_op").fill_null("(no host op recorded)"))
+    out = out.with_columns(pl.col("host_op").fill_null(NO_OP))
     return out.select(
         "rank", "source", "step", "ts", "end", "tid", pl.col("name").alias("call"),
         "host_op", (pl.col("dur") / 1e6).alias("blocked_ms"),
