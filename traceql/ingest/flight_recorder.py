@@ -17,6 +17,7 @@ import io
 import math
 import pickle
 import re
+import struct
 from pathlib import Path
 
 import orjson
@@ -35,6 +36,210 @@ def sniff(path: Path, head: bytes) -> bool:
         return b"entries" in head and (b"pg_config" in head or b"version" in head)
     stripped = head.lstrip()
     return stripped[:1] == b"{" and b'"entries"' in head and (b'"pg_config"' in head or b'"nccl_version"' in head)
+
+
+# Bounds for the pickle pre-scan (_prescan), checked on the opcodes before the unpickler builds anything. A torch dump
+# of the default 2000 entries is ~5 MB, about 10^6 opcodes, nested 5 deep, with a few hundred thousand memo entries.
+MAX_STR_BYTES = 64 << 20  # one string or bytes value
+MAX_LONG_BYTES = 1024  # one LONG1/LONG4 integer (timestamps take 8 bytes)
+MAX_DEPTH = 100  # nesting of containers (and of MARKs)
+MAX_STACK = 1 << 20  # values pending on the unpickler's stack
+MAX_ALLOC_BYTES = 2 << 30  # estimated memory of everything the pickle builds
+
+_REFUSED_OPS = {
+    b"c": "GLOBAL", b"\x93": "STACK_GLOBAL", b"R": "REDUCE", b"b": "BUILD", b"i": "INST", b"o": "OBJ",
+    b"\x81": "NEWOBJ", b"\x92": "NEWOBJ_EX", b"\x82": "EXT1", b"\x83": "EXT2", b"\x84": "EXT4", b"P": "PERSID",
+    b"Q": "BINPERSID", b"\x97": "NEXT_BUFFER", b"\x98": "READONLY_BUFFER",
+}
+_SCALAR_FIXED = {b"N": 0, b"\x88": 0, b"\x89": 0, b"J": 4, b"K": 1, b"M": 2, b"G": 8}  # op -> argument bytes
+_SIZED = {  # op -> (length bytes, struct format): strings, bytes and long integers carry their length first
+    b"X": (4, "<I"), b"\x8c": (1, "<B"), b"\x8d": (8, "<Q"), b"T": (4, "<i"), b"U": (1, "<B"), b"B": (4, "<I"),
+    b"C": (1, "<B"), b"\x8e": (8, "<Q"), b"\x96": (8, "<Q"), b"\x8a": (1, "<B"), b"\x8b": (4, "<i"),
+}
+_LINE_SCALARS = {b"I", b"L", b"F", b"S", b"V"}  # protocol 0: the argument is a line
+_EMPTY = {b"]", b"}", b")", b"\x8f"}
+_FROM_MARK = {b"l", b"d", b"t", b"\x91"}  # LIST, DICT, TUPLE, FROZENSET: build one container from the marked items
+_INTO_MARK = {b"e": 16, b"u": 24, b"\x90": 16}  # APPENDS, SETITEMS, ADDITEMS: add the marked items to the container
+
+
+def _prescan(data: bytes, path: Path, max_alloc: int = MAX_ALLOC_BYTES) -> None:
+    """Walk the pickle's opcodes without building anything, and refuse one that would allocate without bound.
+
+    The C unpickler sizes its memo to the largest index it is given (a 33-byte pickle with LONG_BINPUT 2^28 takes
+    2 GB), reads strings of the length they announce, and builds whatever nesting it is told. Here the memo must be
+    dense (a PUT names at most the next free index; a GET names a defined one), every length must fit in the file and
+    under MAX_STR_BYTES, nesting stays under MAX_DEPTH, and the estimated size of all that gets built stays under
+    max_alloc. Each stack value is tracked as its nesting depth only."""
+    def bad(what: str) -> IngestError:
+        return IngestError(f"{path}: Flight Recorder pickle refused at byte {at}: {what}; a torch dump never does "
+                           "this, so the file is damaged or hostile (re-take the dump, or use its JSON form)")
+
+    def short(what: str) -> IngestError:
+        return IngestError(f"{path}: Flight Recorder pickle is cut short at byte {at} ({what}); the dump was probably "
+                           "cut short, take it again")
+
+    n = len(data)
+    pos = at = 0
+    stack: list[int] = []
+    marks: list[int] = []
+    memo: list[int] = []
+    alloc = 0
+
+    def pop_mark() -> list[int]:
+        if not marks:
+            raise bad("items closed without a MARK")
+        k = marks.pop()
+        items = stack[k:]
+        del stack[k:]
+        return items
+
+    def top() -> int:
+        if len(stack) <= (marks[-1] if marks else 0):
+            raise bad("stack underflow")
+        return stack[-1]
+
+    while pos < n:
+        op = data[pos:pos + 1]
+        at = pos
+        pos += 1
+        if op in _SCALAR_FIXED:
+            pos += _SCALAR_FIXED[op]
+            stack.append(0)
+            alloc += 32
+        elif op in _SIZED:
+            width, fmt = _SIZED[op]
+            if pos + width > n:
+                raise short("end of file inside an opcode")
+            (length,) = struct.unpack_from(fmt, data, pos)
+            pos += width
+            limit = MAX_LONG_BYTES if op in (b"\x8a", b"\x8b") else MAX_STR_BYTES
+            if length < 0 or length > limit:
+                raise bad(f"a value of {length} bytes (limit {limit})")
+            if pos + length > n:
+                raise short(f"a value of {length} bytes with {n - pos} left in the file")
+            pos += length
+            stack.append(0)
+            alloc += 49 + length * (4 if op in (b"X", b"\x8c", b"\x8d") else 1)
+        elif op in _LINE_SCALARS:
+            end = data.find(b"\n", pos, pos + MAX_LONG_BYTES + 1 if op in (b"I", b"L", b"F") else pos + MAX_STR_BYTES)
+            if end < 0:
+                raise bad("an unterminated or oversized text value") if n - pos > MAX_LONG_BYTES else short("a text value")
+            alloc += 49 + 4 * (end - pos)
+            pos = end + 1
+            stack.append(0)
+        elif op in _EMPTY:
+            stack.append(1)
+            alloc += 64
+        elif op == b"(":
+            marks.append(len(stack))
+            if len(marks) > MAX_DEPTH:
+                raise bad(f"MARKs nested deeper than {MAX_DEPTH}")
+        elif op == b"a":
+            v = top()
+            stack.pop()
+            stack[-1] = max(top(), v + 1)
+            alloc += 16
+        elif op == b"s":
+            v = top()
+            stack.pop()
+            k = top()
+            stack.pop()
+            stack[-1] = max(top(), k + 1, v + 1)
+            alloc += 24
+        elif op in _INTO_MARK:
+            items = pop_mark()
+            stack[-1] = max(top(), max(items, default=0) + 1)
+            alloc += _INTO_MARK[op] * len(items)
+        elif op in _FROM_MARK:
+            items = pop_mark()
+            stack.append(max(items, default=0) + 1)
+            alloc += 64 + 16 * len(items)
+        elif op in (b"\x85", b"\x86", b"\x87"):
+            k = op[0] - 0x84
+            if len(stack) - (marks[-1] if marks else 0) < k:
+                raise bad("stack underflow")
+            items = stack[-k:]
+            del stack[-k:]
+            stack.append(max(items) + 1)
+            alloc += 64 + 8 * k
+        elif op == b"0":
+            if marks and len(stack) == marks[-1]:
+                marks.pop()
+            else:
+                top()
+                stack.pop()
+        elif op == b"1":
+            pop_mark()
+        elif op == b"2":
+            stack.append(top())
+        elif op in (b"q", b"r", b"p", b"\x94"):
+            if op == b"\x94":
+                idx = len(memo)
+            elif op == b"p":
+                end = data.find(b"\n", pos, pos + 24)
+                if end < 0 or not data[pos:end].isdigit():
+                    raise bad("a malformed PUT")
+                idx, pos = int(data[pos:end]), end + 1
+            else:
+                width = 1 if op == b"q" else 4
+                if pos + width > n:
+                    raise short("end of file inside an opcode")
+                idx = data[pos] if width == 1 else struct.unpack_from("<I", data, pos)[0]
+                pos += width
+            if idx > len(memo):
+                raise bad(f"memo index {idx} with only {len(memo)} entries defined (the unpickler would size its memo "
+                          "to that index)")
+            if idx == len(memo):
+                memo.append(top())
+                alloc += 16
+            else:
+                memo[idx] = top()
+        elif op in (b"h", b"j", b"g"):
+            if op == b"g":
+                end = data.find(b"\n", pos, pos + 24)
+                if end < 0 or not data[pos:end].isdigit():
+                    raise bad("a malformed GET")
+                idx, pos = int(data[pos:end]), end + 1
+            else:
+                width = 1 if op == b"h" else 4
+                if pos + width > n:
+                    raise short("end of file inside an opcode")
+                idx = data[pos] if width == 1 else struct.unpack_from("<I", data, pos)[0]
+                pos += width
+            if idx >= len(memo):
+                raise bad(f"memo index {idx} read before it was defined")
+            stack.append(memo[idx])
+        elif op == b"\x80":
+            if pos >= n or data[pos] > 5:
+                raise bad("an unknown pickle protocol")
+            pos += 1
+        elif op == b"\x95":  # FRAME: only a hint of how many bytes follow
+            if pos + 8 > n:
+                raise short("end of file inside an opcode")
+            (length,) = struct.unpack_from("<Q", data, pos)
+            pos += 8
+            if length > n - pos:
+                raise short(f"a frame of {length} bytes with {n - pos} left in the file")
+        elif op == b".":
+            if len(stack) != 1 or marks:
+                raise bad("STOP with an unfinished stack")
+            return
+        elif op in _REFUSED_OPS:
+            what = _REFUSED_OPS[op]
+            if op in (b"c", b"i"):  # GLOBAL/INST name the class on two lines: say which one was asked for
+                parts = data[pos:pos + 512].split(b"\n")[:2]
+                what += " " + ".".join(x.decode("ascii", "replace") for x in parts)
+            raise bad(f"opcode {what} (loads a class or code; a dump holds only plain data)")
+        else:
+            raise bad(f"unknown opcode {op!r}")
+        pos = max(pos, at + 1)
+        if stack and stack[-1] > MAX_DEPTH:
+            raise bad(f"values nested deeper than {MAX_DEPTH}")
+        if len(stack) > MAX_STACK:
+            raise bad(f"more than {MAX_STACK} values pending")
+        if alloc > max_alloc:
+            raise bad(f"it would build more than {max_alloc >> 20} MB of values")
+    raise short("no STOP opcode")
 
 
 class _DataOnlyUnpickler(pickle.Unpickler):
@@ -64,6 +269,7 @@ def load_dump(path: Path) -> dict:
     except OSError as e:
         raise IngestError(f"{path}: cannot read Flight Recorder dump ({e.strerror or e}); check permissions") from e
     if data[:1] == b"\x80":
+        _prescan(data, path)  # bounds memo, lengths, nesting and total size before anything is built
         try:
             dump = _DataOnlyUnpickler(io.BytesIO(data), path).load()
         except IngestError:
