@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -145,7 +146,7 @@ def ingest(run_path: Path, sources: list[Source], use_cache: bool = True, jobs: 
                 results.append(_ingest_one(s, False))
                 if progress:
                     progress(s)
-        if mode == "auto" and total < budget.IN_PROCESS_MAX_BYTES:
+        if mode == "auto" and total < budget.IN_PROCESS_MAX_BYTES and threading.current_thread() is threading.main_thread():
             # a worker's start would cost more than reading these: in-process, under the watchdog (budget.run_here)
             done_iter = (budget.run_here(_ingest_one, s, uc, lim) for s, uc, lim in tasks)
         else:
