@@ -145,6 +145,31 @@ def test_worker_reads_equal_in_process_reads(monkeypatch):
         assert isolated.tables[name].sort(keys, nulls_last=True).equals(df.sort(keys, nulls_last=True)), name
 
 
+def test_large_tables_come_back_as_mapped_files(tmp_path, monkeypatch):
+    """Past INLINE_MAX_BYTES the worker writes Arrow IPC files that the parent maps (no pickled copy of gigabytes);
+    the tables are the same and the files are gone afterwards."""
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tempfile.tempdir = None  # the worker reads TMPDIR as it starts; this process too
+    monkeypatch.setenv("TRACEQL_SOURCE_ISOLATION", "0")
+    plain = ingest(DEMO, discover(DEMO), use_cache=False)
+    srcs = [s for s in discover(DEMO) if s.kind == "kineto"]
+    kinds = []
+    unpack = budget._unpack
+    monkeypatch.setattr(budget, "_unpack", lambda packed: (kinds.append(packed[0]), unpack(packed))[1])
+    pool = budget.Pool()
+    try:
+        done = list(pool.run([(s, False, budget.Budget(120.0, None)) for s in srcs], 1, inline_max=0))
+    finally:
+        pool.close()
+        tempfile.tempdir = None
+    assert [s.status for s, _ in done] == ["ok", "ok"] and kinds == ["files", "files"]
+    kernels = pl.concat([t["kernels"] for s, t in sorted(done, key=lambda d: d[0].id)])
+    assert kernels.equals(plain.tables["kernels"].select(kernels.columns))
+    assert not list(tmp_path.glob("traceql-ingest-*"))
+
+
 def test_check_cli_reports_the_budget_error_and_the_other_findings(mixed, monkeypatch):
     from click.testing import CliRunner
 

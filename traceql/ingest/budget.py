@@ -5,8 +5,10 @@ A source is read in a worker of a persistent pool (spawned once per process, reu
 - a time budget: wall-clock seconds from handing the source to the worker until its tables are back. Past it the
   worker is killed (SIGKILL: a loop inside polars or a C scanner cannot be interrupted any other way) and replaced;
 - a memory budget: how much the worker's address space may grow while it reads the source (RLIMIT_AS, set to the
-  worker's size when the read starts + the budget + the size of the file, which the Kineto reader maps read-only).
-  A read past it fails to allocate: a MemoryError, or an abort where Rust code allocates.
+  worker's size when the read starts + the budget + the size of the file, which the Kineto reader maps read-only,
+  + AS_SLACK, 256 MB of address space that allocators reserve without using). A read past it fails to allocate: a
+  MemoryError, or an abort where Rust code allocates. Memory a worker freed after an earlier read and still holds is
+  reused without counting, so the budget bounds new growth, not the read's total.
 
 Either way the source becomes an error source with a one-line reason naming the file, the budget and how to raise it;
 the other sources are read as usual. Defaults scale with the input and the machine, where `est` is the file's size
@@ -257,7 +259,7 @@ def _worker(conn, threads: str | None = None) -> None:
             return
         if msg is None:
             return
-        source, use_cache, budget, env = msg
+        source, use_cache, budget, env, inline_max = msg
         # the parent's settings now (a persistent worker outlives changes to them): TRACEQL_* as the parent has them
         for k in [k for k in os.environ if k.startswith("TRACEQL_") and k not in env]:
             del os.environ[k]
@@ -269,9 +271,52 @@ def _worker(conn, threads: str | None = None) -> None:
             source.detail = (budget.memory_reason(source.path) if out_of_memory(e) else
                              f"internal error reading it ({type(e).__name__}: {e}); please report it with the file")
             out = (source, {})
-        conn.send(out)
+        conn.send((out[0], _pack(out[1], inline_max)))
         if out[0].status == "error" and out[0].detail == budget.memory_reason(source.path):
             return  # after an allocation failure the heap may be in any state: a fresh worker reads the next one
+
+
+# Tables up to this size travel back pickled over the socket; larger ones as Arrow IPC files that the parent maps
+# (pickling 10 GB of tables would hold them twice in the worker and twice again in the parent while they travel).
+INLINE_MAX_BYTES = 64 * MB
+
+
+def _pack(tables: dict, inline_max: int = INLINE_MAX_BYTES) -> tuple:
+    if sum(df.estimated_size() for df in tables.values()) <= inline_max:
+        return ("inline", tables)
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="traceql-ingest-")
+    paths = {}
+    try:
+        for name, df in tables.items():
+            paths[name] = os.path.join(d, f"{name}.arrow")
+            df.write_ipc(paths[name], compression="uncompressed")
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(d, ignore_errors=True)
+        raise
+    return ("files", d, paths)
+
+
+def _unpack(packed: tuple) -> dict:
+    if packed[0] == "inline":
+        return packed[1]
+    import shutil
+
+    import polars as pl
+
+    import pyarrow as pa
+
+    _, d, paths = packed
+    try:
+        # mapped, not copied (pl.read_ipc copies): the pages stay readable after the files are unlinked, and the
+        # kernel can drop them under memory pressure, as it does the page cache
+        return {name: pl.from_arrow(pa.ipc.open_file(pa.memory_map(p)).read_all(), rechunk=False)
+                for name, p in paths.items()}
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- the parent side
@@ -356,7 +401,7 @@ class Pool:
             w.kill()
         self.idle = []
 
-    def run(self, tasks: list[tuple[Source, bool, Budget]], workers: int, progress=None):
+    def run(self, tasks: list[tuple[Source, bool, Budget]], workers: int, inline_max: int = INLINE_MAX_BYTES):
         """Yield (source, tables) for every task, each read under its budget. Largest first: better packing."""
         from multiprocessing.connection import wait
 
@@ -373,7 +418,7 @@ class Pool:
                         deadline = now + budget.timeout_s if budget.timeout_s else float("inf")
                         try:
                             env = {k: v for k, v in os.environ.items() if k.startswith("TRACEQL_")}
-                            w.conn.send((source, use_cache, budget, env))
+                            w.conn.send((source, use_cache, budget, env, inline_max))
                             w.task = (source, budget, deadline)
                         except OSError:
                             pending.insert(0, (source, use_cache, budget))
@@ -394,6 +439,7 @@ class Pool:
                         if msg is not None and w.task:
                             budget = w.task[1]
                             w.task = None
+                            msg = (msg[0], _unpack(msg[1]))
                             yield msg
                             if msg[0].status == "error" and msg[0].detail == budget.memory_reason(msg[0].path):
                                 w.kill()  # it retires itself after an allocation failure; start its successor now
