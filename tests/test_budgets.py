@@ -113,7 +113,7 @@ def test_time_budget_kills_the_reader_and_the_others_go_on(mixed):
 def test_memory_budget_stops_the_reader_and_the_others_go_on(mixed, mb, capfd):
     sources = discover(mixed)
     trace = next(s for s in sources if s.kind == "kineto")
-    # no slack for reserved address space: the budget is the whole growth allowed (so a small one bites)
+    # the backstop: no slack for reserved address space, so RLIMIT_AS refuses the read's allocations
     tasks = [(s, False, budget.Budget(120.0, (mb if s is trace else 8) * MB, slack=0)) for s in sources]
     # a fresh worker: one that read this trace before holds freed memory it can reuse without growing
     pool = budget.Pool()
@@ -130,6 +130,27 @@ def test_memory_budget_stops_the_reader_and_the_others_go_on(mixed, mb, capfd):
     for r in range(3):
         s, t = done[f"nccl_trace_rank_{r}"]
         assert s.status == "ok" and t["collectives"].height > 0
+
+
+def test_resident_memory_watch_stops_the_reader_and_the_others_go_on(mixed, monkeypatch):
+    """TRACEQL_SOURCE_MAX_MB=8: the parent sees the trace's reader grow past 8 MB of resident memory and kills it;
+    the Flight Recorder dumps need less and are read."""
+    monkeypatch.setenv("TRACEQL_SOURCE_MAX_MB", "8")
+    # a fresh pool: a warm worker that read this trace before holds freed memory that it reuses without growing
+    monkeypatch.setattr(budget, "_POOL", budget.Pool())
+    run = ingest(mixed, discover(mixed), use_cache=False)
+    src = _by_name(run.sources)
+    trace = src["rank0.pt.trace.json.gz"]
+    assert trace.status == "error" and "memory budget of 8 MB" in trace.detail
+    _one_line_naming(trace.detail, trace.path, "TRACEQL_SOURCE_MAX_MB")
+    assert all(src[f"nccl_trace_rank_{r}"].status == "ok" for r in range(3))
+    assert run.table("collectives").height > 0 and run.table("kernels").height == 0
+    monkeypatch.setenv("TRACEQL_SOURCE_MAX_MB", "2000")
+    try:
+        again = ingest(mixed, discover(mixed), use_cache=False)
+    finally:
+        budget._POOL.close()
+    assert _by_name(again.sources)["rank0.pt.trace.json.gz"].status == "ok"
 
 
 def test_worker_reads_equal_in_process_reads(monkeypatch):

@@ -1,14 +1,15 @@
 """Per-source time and memory budgets: every untrusted source is read in a worker process that can be stopped.
 
-A source is read in a worker of a persistent pool (spawned once per process, reused by every later ingest), under
+A source is read in a worker of a persistent pool (`python -m traceql.ingest.budget`, started by the first read that
+needs one and reused by every later ingest of the process), under
 
 - a time budget: wall-clock seconds from handing the source to the worker until its tables are back. Past it the
   worker is killed (SIGKILL: a loop inside polars or a C scanner cannot be interrupted any other way) and replaced;
-- a memory budget: how much the worker's address space may grow while it reads the source (RLIMIT_AS, set to the
-  worker's size when the read starts + the budget + the size of the file, which the Kineto reader maps read-only,
-  + AS_SLACK, 256 MB of address space that allocators reserve without using). A read past it fails to allocate: a
-  MemoryError, or an abort where Rust code allocates. Memory a worker freed after an earlier read and still holds is
-  reused without counting, so the budget bounds new growth, not the read's total.
+- a memory budget: how much the worker's resident anonymous memory (RssAnon: heap and anonymous mappings, not the
+  pages of the input file it maps) may grow over its value when the read starts. The parent reads it every 50 ms
+  and kills the worker past the budget; RLIMIT_AS (the budget + the file's size + AS_SLACK of reserved address
+  space) is the backstop that refuses a single absurd allocation at once. Memory a worker freed after an earlier
+  read and still holds is reused without counting, so the budget bounds new growth, not the read's total.
 
 Either way the source becomes an error source with a one-line reason naming the file, the budget and how to raise it;
 the other sources are read as usual. Defaults scale with the input and the machine, where `est` is the file's size
@@ -17,12 +18,13 @@ the other sources are read as usual. Defaults scale with the input and the machi
     time   = 60 s + 20 s per GB of est            (a 1 GB trace reads in ~3 s on one core)
     memory = min(1 GB + 3 x est, 80% of RAM)      (~200 bytes per event, ~1 x the JSON)
 
-TRACEQL_SOURCE_TIMEOUT_S and TRACEQL_SOURCE_MAX_MB replace them for every source (0 = no limit).
+TRACEQL_SOURCE_TIMEOUT_S and TRACEQL_SOURCE_MAX_MB replace them for every source (0 = no limit); with
+TRACEQL_SOURCE_MAX_MB set, every source goes to a worker, so that a tight limit stops that source only.
 
 Small runs stay cheap: when the sources to read add up to less than IN_PROCESS_MAX_BYTES, starting a worker (about a
-second, importing polars) would cost more than the reading, so they are read in-process under the same memory limit
-(RLIMIT_AS of this process, lowered for the read and restored) and a SIGALRM timer. That watchdog stops Python code
-but not a loop inside C code; the formats' own bounds (the Flight Recorder pre-scan, the sparse-file check) cover the
+second, importing polars) would cost more than the reading, so they are read in-process under a SIGALRM timer (from
+the main thread only; other threads use workers) and without a memory limit (a refused allocation inside Rust code
+aborts the process). That watchdog stops Python code but not a loop inside C code; the formats' own bounds (the Flight Recorder pre-scan, the sparse-file check) cover the
 small hostile files known. TRACEQL_SOURCE_ISOLATION=always sends every source to a worker (for a service reading
 uploads); =0 reads everything in-process without budgets (for debugging an importer).
 """
@@ -47,8 +49,12 @@ except ImportError:  # not POSIX: no RLIMIT_AS; the time budget still holds
 GB = 1 << 30
 MB = 1 << 20
 # Address space reserved but not used, which RLIMIT_AS counts as well: a glibc malloc arena per thread reserves 64 MB,
-# jemalloc reserves its chunks ahead. Without this slack a read would fail far below its budget of real memory.
-AS_SLACK = 256 * MB
+# jemalloc and Arrow reserve ahead (reading a 0.5 MB nsys export through ADBC grows the address space by 1.3 GB and
+# the resident memory by 60 MB). RLIMIT_AS is therefore only the backstop against one absurd allocation; the budget
+# itself is watched on resident anonymous memory (RssAnon) by the parent.
+AS_SLACK = 2 * GB + 64 * MB * (os.cpu_count() or 1)
+RECYCLE_BYTES = 256 * MB  # a worker holding more than this over its start is replaced after its read
+_POLL_S = 0.05  # how often the parent reads its busy workers' RssAnon
 _READY_TIMEOUT_S = 300.0  # a worker's start (importing polars) on a loaded machine; not charged to any source
 
 
@@ -191,8 +197,10 @@ def out_of_memory(e: BaseException) -> bool:
 
 @contextmanager
 def memory_limit(limits: Budget | None, source: Source):
-    """The process's address space may grow by the budget (plus the file's size, for its read-only mapping) inside."""
-    if limits is None or limits.max_bytes is None or resource is None:
+    """In a worker, the address space may grow by the budget + the file's size (its read-only mapping) + the slack
+    inside: the backstop under the parent's RssAnon watch. In-process, nothing: an allocation refused inside Rust
+    code aborts the process, which would take the whole command down with one source."""
+    if limits is None or limits.max_bytes is None or resource is None or not _IN_WORKER:
         yield
         return
     try:
@@ -216,6 +224,8 @@ def _start_thread_pool() -> None:
     pl.thread_pool_size()
 
 
+_IN_WORKER = False  # set by _worker
+
 _AS_BEFORE: list[int] = []  # the soft limits that _set_as_limit(extra) replaced, restored by _set_as_limit(None)
 
 
@@ -238,6 +248,9 @@ def _set_as_limit(extra: int | None) -> None:
 def _worker(conn, threads: str | None = None) -> None:
     """Read sources sent over `conn` one at a time until told to stop (None)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C is the parent's to handle; it kills the workers
+    import traceql.ingest.budget as this  # run as __main__, this file is also imported under its name: flag that one
+
+    this._IN_WORKER = True
     # Nothing a worker prints may reach the command's output (a JSON or SARIF report on stdout) or its stderr (Rust's
     # "memory allocation failed" and backtrace at the limit): each source comes back with its one-line reason.
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -322,6 +335,18 @@ def _unpack(packed: tuple) -> dict:
 # ---------------------------------------------------------------- the parent side
 
 
+def _rss_anon(pid: int) -> int:
+    """Resident anonymous memory of a process: its heap and anonymous mappings, not the pages of files it maps."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 class _Worker:
     """`python -m traceql.ingest.budget FD`: a fresh interpreter (not multiprocessing's spawn, which would import the
     caller's __main__ again: a script without a main guard, or stdin), talking over one end of a socket pair."""
@@ -346,6 +371,8 @@ class _Worker:
         theirs.close()
         self.conn = Connection(ours.detach())
         self.ready = False
+        self.base_rss = 0
+        self.fresh_rss = 0
         self.started = time.monotonic()
         self.task: tuple[Source, Budget, float] | None = None  # source, budget, deadline
 
@@ -418,6 +445,7 @@ class Pool:
                         deadline = now + budget.timeout_s if budget.timeout_s else float("inf")
                         try:
                             env = {k: v for k, v in os.environ.items() if k.startswith("TRACEQL_")}
+                            w.base_rss = _rss_anon(w.proc.pid)
                             w.conn.send((source, use_cache, budget, env, inline_max))
                             w.task = (source, budget, deadline)
                         except OSError:
@@ -425,6 +453,8 @@ class Pool:
                             w.ready = False
                             w.kill()
                 waits = [w.task[2] for w in ws if w.task] + [now + _READY_TIMEOUT_S]
+                if any(w.task and w.task[1].max_bytes is not None for w in ws):
+                    waits.append(now + _POLL_S)
                 ready = wait([w.conn for w in ws if not w.conn.closed], timeout=max(0.0, min(waits) - now))
                 now = time.monotonic()
                 for i, w in enumerate(ws):
@@ -435,15 +465,22 @@ class Pool:
                             msg = None
                         if msg == "ready":
                             w.ready = True
+                            w.fresh_rss = _rss_anon(w.proc.pid)
                             continue
                         if msg is not None and w.task:
                             budget = w.task[1]
                             w.task = None
                             msg = (msg[0], _unpack(msg[1]))
                             yield msg
-                            if msg[0].status == "error" and msg[0].detail == budget.memory_reason(msg[0].path):
-                                w.kill()  # it retires itself after an allocation failure; start its successor now
-                                ws[i] = self._spawn(threads)
+                            retired = msg[0].status == "error" and msg[0].detail == budget.memory_reason(msg[0].path)
+                            # a worker that kept much freed memory would read the next source partly for free: the
+                            # budget is growth over the start of a read, so keep what a warm worker holds small
+                            if retired or _rss_anon(w.proc.pid) - w.fresh_rss > RECYCLE_BYTES:
+                                w.kill()
+                                if pending:
+                                    ws[i] = self._spawn(threads)
+                                else:
+                                    w.ready = False
                             continue
                         # the worker died: while reading (an abort at the memory limit, a crash) or while starting
                         if w.task:
@@ -458,6 +495,13 @@ class Pool:
                         source, budget, _ = w.task
                         w.kill()
                         source.status, source.detail = "error", budget.time_reason(source.path)
+                        yield source, {}
+                        ws[i] = self._spawn(threads)
+                    elif w.task and w.task[1].max_bytes is not None and \
+                            _rss_anon(w.proc.pid) - w.base_rss > w.task[1].max_bytes:
+                        source, budget, _ = w.task
+                        w.kill()
+                        source.status, source.detail = "error", budget.memory_reason(source.path)
                         yield source, {}
                         ws[i] = self._spawn(threads)
                 if any(not w.ready and now - w.started > _READY_TIMEOUT_S for w in ws):
