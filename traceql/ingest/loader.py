@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import polars as pl
 
-from traceql.ingest import IngestError, cache, module_for, read_source
+from traceql.ingest import IngestError, budget, cache, module_for, read_source
 from traceql.model import SCHEMAS, Run, Source, concat
 
 PARALLEL_MIN_BYTES = 8 << 20  # below this, process start-up costs more than it saves
@@ -28,7 +29,37 @@ def _cached(source: Source) -> tuple[str | None, dict[str, pl.DataFrame] | None]
         return None, None
 
 
-def _ingest_one(source: Source, use_cache: bool) -> tuple[Source, dict[str, pl.DataFrame]]:
+# Formats read as files of bytes that are never sparse: a hole (a run of NULs the file system does not store, as
+# `truncate -s 5G` leaves after a valid header) is not text, JSON or a pickle, and reading through it would take as
+# long as gigabytes of real data. SQLite files (nsys) may legitimately hold zeroed pages, so they are not checked.
+_NO_HOLES = {"kineto", "torch_trace", "nccl_log", "torch_logs", "manifest", "flight_recorder"}
+
+
+def _first_hole(path: Path) -> int | None:
+    """Offset of the file's first hole before its end, where the file system tells (SEEK_HOLE); None if none."""
+    if not hasattr(os, "SEEK_HOLE"):
+        return None
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            hole = os.lseek(f.fileno(), 0, os.SEEK_HOLE)
+    except OSError:
+        return None
+    return hole if hole < size else None
+
+
+def _precheck(source: Source) -> str | None:
+    """A reason to refuse the source before any reading (and before the cache hashes its content), or None."""
+    if source.kind in _NO_HOLES and source.path.is_file():
+        hole = _first_hole(source.path)
+        if hole is not None:
+            size = source.path.stat().st_size
+            return (f"{source.path}: holds unwritten space (a sparse hole) from byte {hole} of {size}: runs of NUL bytes "
+                    "are not trace data; the file was preallocated or cut short, copy the real file")
+    return None
+
+
+def _ingest_one(source: Source, use_cache: bool, limits: budget.Budget | None = None) -> tuple[Source, dict[str, pl.DataFrame]]:
     mod = module_for(source.kind)
     if mod is None or not getattr(mod, "SUPPORTED", False):
         if source.kind not in ("unknown",) and source.status == "ok":
@@ -43,19 +74,20 @@ def _ingest_one(source: Source, use_cache: bool) -> tuple[Source, dict[str, pl.D
             source.cache_key = key
             return source, hit
     try:
-        tables = read_source(source)
+        with budget.memory_limit(limits, source):  # only the read: the cache write and the hand-back are not charged
+            tables = read_source(source)
     except IngestError as e:
         source.status = "error"
         source.detail = str(e)
         return source, {}
-    except MemoryError:
-        source.status = "error"
-        source.detail = "ran out of memory reading it; split the trace or ingest on a larger machine"
-        return source, {}
     except Exception as e:  # an importer bug must not take the other sources down
         source.status = "error"
-        source.detail = f"internal error reading it ({type(e).__name__}: {e}); please report it with the file"
-        source.meta["internal_error"] = True  # a bug, not a bad input: `check` exits 3
+        if budget.out_of_memory(e):
+            source.detail = (limits.memory_reason(source.path) if limits is not None and limits.max_bytes is not None
+                             else "ran out of memory reading it; split the trace or ingest on a larger machine")
+        else:
+            source.detail = f"internal error reading it ({type(e).__name__}: {e}); please report it with the file"
+            source.meta["internal_error"] = True  # a bug, not a bad input: `check` exits 3
         return source, {}
     if key is not None:
         cache.store(source, key, tables)
@@ -73,6 +105,13 @@ def _size(s: Source) -> int:
 def ingest(run_path: Path, sources: list[Source], use_cache: bool = True, jobs: int | None = None, progress=None) -> Run:
     todo = [s for s in sources if s.status in ("ok", "partial")]
     results: list[tuple[Source, dict]] = []
+    for s in list(todo):
+        reason = _precheck(s)
+        if reason:
+            s.status, s.detail = "error", reason
+            todo.remove(s)
+            results.append((s, {}))
+    keys: dict[int, str | None] = {}  # cache keys of the misses: their tables are stored here once read
     if use_cache:
         # Cache hits load here: a Parquet read takes milliseconds, a worker process (spawned, importing polars)
         # takes about a second, so only the misses go to the pool.
@@ -81,6 +120,7 @@ def ingest(run_path: Path, sources: list[Source], use_cache: bool = True, jobs: 
             key, hit = _cached(s) if _supported(s) else (None, None)
             if hit is None:
                 misses.append(s)
+                keys[s.id] = key
                 continue
             s.cache_key = key
             results.append((s, hit))
@@ -89,7 +129,39 @@ def ingest(run_path: Path, sources: list[Source], use_cache: bool = True, jobs: 
         todo = misses
     total = sum(_size(s) for s in todo)
     jobs = jobs or min(len(todo), os.cpu_count() or 1)
-    if jobs > 1 and len(todo) > 1 and total >= PARALLEL_MIN_BYTES:
+    mode = budget.isolation_mode()
+    if mode != "off" and any(_supported(s) for s in todo):
+        try:
+            limits = {s.id: budget.budget_for(s) for s in todo if _supported(s)}
+        except ValueError as e:  # a budget variable set to nonsense: every source to read says so, none is read
+            for s in todo:
+                if _supported(s):
+                    s.status, s.detail = "error", str(e)
+                    results.append((s, {}))
+            todo, limits = [s for s in todo if not _supported(s)], {}
+        tasks = []
+        for s in todo:
+            if _supported(s):
+                tasks.append((s, False, limits[s.id]))  # the cache is written here, not by the reader
+            else:  # recognised-only formats are marked skipped here; nothing is read
+                results.append(_ingest_one(s, False))
+                if progress:
+                    progress(s)
+        if mode == "auto" and total < budget.IN_PROCESS_MAX_BYTES and threading.current_thread() is threading.main_thread():
+            # a worker's start would cost more than reading these: in-process, under the watchdog (budget.run_here)
+            done_iter = (budget.run_here(_ingest_one, s, uc, lim) for s, uc, lim in tasks)
+        else:
+            workers = jobs if total >= PARALLEL_MIN_BYTES else 1  # one worker for small runs: one start, not many
+            done_iter = budget.pool().run(tasks, max(1, workers))
+        for src, tables in done_iter:
+            key = keys.get(src.id)
+            if key is not None and src.status in ("ok", "partial"):
+                cache.store(src, key, tables)
+                src.cache_key = key
+            results.append((src, tables))
+            if progress:
+                progress(src)
+    elif jobs > 1 and len(todo) > 1 and total >= PARALLEL_MIN_BYTES:
         import multiprocessing as mp
 
         # One polars thread per worker: the workers already use every core, and more threads than cores only cost
@@ -113,8 +185,8 @@ def ingest(run_path: Path, sources: list[Source], use_cache: bool = True, jobs: 
             results.append(_ingest_one(s, use_cache))
             if progress:
                 progress(s)
-    order = {id(s): i for i, s in enumerate(sources)}
-    results.sort(key=lambda r: order.get(id(r[0]), len(order)))  # source order, hits and misses alike
+    order = {s.id: i for i, s in enumerate(sources)}
+    results.sort(key=lambda r: order.get(r[0].id, len(order)))  # source order, hits and misses alike (workers return copies)
     by_id = {s.id: s for s, _ in results}
     merged_sources = [by_id.get(s.id, s) for s in sources]
     frames: dict[str, list[pl.DataFrame]] = {}

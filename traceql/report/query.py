@@ -9,6 +9,7 @@ import polars as pl
 
 from traceql import link
 from traceql.model import SCHEMAS, Run
+from traceql.rules import sql_guard
 
 
 class QueryError(ValueError):
@@ -30,6 +31,10 @@ def query(run: Run, sql: str) -> pl.DataFrame:
     if not sql.strip():
         raise QueryError("empty query; e.g. SELECT rank, count(*) FROM kernels GROUP BY rank")
     names = table_names(run)
+    try:  # only the run's tables: polars' table functions (read_csv, read_parquet, ...) would read any file
+        sql_guard.check(sql, names)
+    except sql_guard.SqlRefused as e:
+        raise QueryError(f"refused: {e}") from None
     used = named_tables(sql, names)
     ctx = pl.SQLContext()
     for n in SCHEMAS:

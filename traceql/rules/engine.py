@@ -12,7 +12,7 @@ from traceql import link
 from traceql.link.context import host_context
 from traceql.model import Finding, Run
 from traceql.model.ranks import format_ranks
-from traceql.rules import measures
+from traceql.rules import measures, sql_guard
 from traceql.rules.condition import ConditionError, compile_condition
 from traceql.rules.loader import Rule
 
@@ -160,7 +160,12 @@ def _rank_slices(df: pl.DataFrame) -> dict[int, tuple[int, int]] | None:
 
 def _sql(run: Run, rule: Rule) -> pl.DataFrame:
     query = rule.sql
-    names = [n for n in set(run.tables) | set(link.derived_tables()) if n in query]
+    known = set(run.tables) | set(link.derived_tables())
+    try:  # again here, with the run's table names: only those reach polars, and no table function does
+        sql_guard.check(query, known)
+    except sql_guard.SqlRefused as e:
+        raise RuleRunError(f"field 'sql': {e}") from None
+    names = [n for n in known if n in query]
     frames = {n: link.ensure(run, n) for n in names}
     if rule.cross_rank:
         ctx = pl.SQLContext(frames=frames, eager=True)

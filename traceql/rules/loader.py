@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from traceql.model import SEVERITIES
+from traceql.rules import sql_guard
 
 ID_RE = re.compile(r"^TQL(?!000)\d\d\d$")  # area 0: the inputs themselves (TQL001)
 NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -22,6 +23,11 @@ _SELECT_FIELDS = {"measure", "table", "where", "against", "per", "column", "agg"
 
 
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# A rule file is a page of text: the largest in the pack is about 5 KB. The cap keeps a hostile --rules folder from
+# making the parser read gigabytes; aliases are refused below (a 600-byte "billion laughs" file expands to 10^9 nodes
+# when its values are turned into strings).
+MAX_RULE_BYTES = 256 << 10
+MAX_RULE_NODES = 100_000
 
 
 class RuleError(ValueError):
@@ -130,6 +136,11 @@ def parse_rule(data, path: Path) -> Rule:
             raise _err(path, "select.column", "measure spread needs column")
     if "sql" in data and not isinstance(data["sql"], str):
         raise _err(path, "sql", "must be a string holding one SELECT")
+    if "sql" in data:
+        try:  # table functions (read_csv, ...) would let a rule read files; the table names are checked at run time
+            sql_guard.check(data["sql"])
+        except sql_guard.SqlRefused as e:
+            raise _err(path, "sql", str(e)) from None
     for listf in ("evidence", "location", "collapse", "needs", "tags"):
         v = data.get(listf)
         if v is not None and not isinstance(v, list):
@@ -161,18 +172,58 @@ def parse_rule(data, path: Path) -> Rule:
     )
 
 
-def load_rule(path: Path) -> Rule:
+def _check_tree(path: Path, root) -> None:
+    """Refuse YAML aliases (*name, <<: *name): rules never need them, and a node reached twice is how a tiny file
+    becomes an exponential value. The composed node graph shares one node object per alias, so a node seen twice is
+    an alias; the walk stops at the first one, so it costs at most MAX_RULE_NODES steps."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            line = node.start_mark.line + 1 if getattr(node, "start_mark", None) else "?"
+            raise RuleError(f"{path}: line {line}: YAML aliases and anchors (&name / *name) are not allowed in rule "
+                            "files; write the value out")
+        seen.add(id(node))
+        if len(seen) > MAX_RULE_NODES:
+            raise RuleError(f"{path}: more than {MAX_RULE_NODES} YAML nodes; a rule file is one small mapping")
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                stack.extend((k, v))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+
+
+def load_yaml(path: Path, what: str = "rule file", max_bytes: int = MAX_RULE_BYTES):
+    """Plain data from a small untrusted YAML file: size-capped, safe-loaded, aliases refused before construction."""
     try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise RuleError(f"{path}: {size} bytes is too large for a {what} (limit {max_bytes >> 10} KB); "
+                            "check that this is the file you meant")
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise RuleError(f"{path}: cannot read rule file: {e}") from None
+        raise RuleError(f"{path}: cannot read {what}: {e}") from None
+    loader = _SAFE_LOADER(text)
     try:
-        data = yaml.load(text, Loader=_SAFE_LOADER)  # noqa: S506 - a safe loader (C speed where built)
+        node = loader.get_single_node()  # composes nodes only: an alias is one shared node, nothing expanded yet
+        if node is None:
+            return None
+        _check_tree(path, node)
+        return loader.construct_document(node)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise RuleError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
-    return parse_rule(data, path)
+        problem = str(getattr(e, "problem", None) or e).splitlines()[0]
+        raise RuleError(f"{path}: not valid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise RuleError(f"{path}: YAML nested too deeply; a rule file is one small mapping") from None
+    finally:
+        loader.dispose()
+
+
+def load_rule(path: Path) -> Rule:
+    return parse_rule(load_yaml(path), path)
 
 
 def default_rules_dir() -> Path:

@@ -1,0 +1,253 @@
+"""Every source is read under a time and a memory budget; one past its budget becomes an error source with a one-line
+reason naming the file, the budget and the variable that raises it, and every other source keeps its tables."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from traceql import pipeline
+from traceql.discover import discover
+from traceql.ingest import budget
+from traceql.ingest.loader import ingest
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "samples" / "demo"
+FR_OK = REPO / "fixtures" / "nccl-fr-ok"
+GB, MB = 1 << 30, 1 << 20
+
+
+@pytest.fixture
+def mixed(tmp_path) -> Path:
+    """A Kineto trace (1.2 MB of JSON) beside three small Flight Recorder dumps."""
+    d = tmp_path / "run"
+    d.mkdir()
+    shutil.copy(DEMO / "rank0.pt.trace.json.gz", d)
+    for p in FR_OK.glob("nccl_trace_rank_*"):
+        shutil.copy(p, d)
+    return d
+
+
+def _by_name(sources):
+    return {s.path.name: s for s in sources}
+
+
+def _one_line_naming(reason: str, path: Path, var: str) -> None:
+    assert "\n" not in reason and str(path) in reason and var in reason, reason
+
+
+# ---------------------------------------------------------------- the defaults
+
+
+def test_default_budgets_scale_with_the_file_and_the_machine(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRACEQL_SOURCE_TIMEOUT_S", raising=False)
+    monkeypatch.delenv("TRACEQL_SOURCE_MAX_MB", raising=False)
+    small = tmp_path / "small.json"
+    small.write_text('{"traceEvents": []}')
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:  # 13 GB, sparse: only its size matters here
+        f.truncate(13 * GB)
+    gz = tmp_path / "t.json.gz"
+    gz.write_bytes(gzip.compress(b" " * (1 << 20)))
+    from traceql.model import Source
+
+    b_small, b_big, b_gz = (budget.budget_for(Source(p, "kineto")) for p in (small, big, gz))
+    assert b_small.timeout_s == pytest.approx(60, abs=0.01) and b_small.max_bytes == pytest.approx(GB, rel=0.01)
+    assert b_big.timeout_s == pytest.approx(60 + 20 * 13)
+    ram = budget._ram_bytes()
+    assert b_big.max_bytes == min(GB + 3 * 13 * GB, int(ram * 0.8))  # a 13 GB trace gets most of a big box
+    assert budget.estimated_bytes(gz) == 8 * gz.stat().st_size
+
+
+def test_variables_replace_the_defaults(tmp_path, monkeypatch):
+    from traceql.model import Source
+
+    p = tmp_path / "t.json"
+    p.write_text("{}")
+    monkeypatch.setenv("TRACEQL_SOURCE_TIMEOUT_S", "7.5")
+    monkeypatch.setenv("TRACEQL_SOURCE_MAX_MB", "300")
+    b = budget.budget_for(Source(p, "kineto"))
+    assert (b.timeout_s, b.max_bytes) == (7.5, 300 * MB)
+    monkeypatch.setenv("TRACEQL_SOURCE_TIMEOUT_S", "0")
+    monkeypatch.setenv("TRACEQL_SOURCE_MAX_MB", "0")
+    b = budget.budget_for(Source(p, "kineto"))
+    assert (b.timeout_s, b.max_bytes) == (None, None)
+
+
+def test_a_nonsense_variable_is_a_one_line_error_on_every_source(monkeypatch):
+    monkeypatch.setenv("TRACEQL_SOURCE_TIMEOUT_S", "soon")
+    run = ingest(DEMO, discover(DEMO), use_cache=False)
+    errors = [s for s in run.sources if s.status == "error"]
+    assert len(errors) == 2  # the two traces; the logs and the manifest are not read
+    assert all(s.detail == "TRACEQL_SOURCE_TIMEOUT_S='soon' is not a number >= 0; set e.g. "
+               "TRACEQL_SOURCE_TIMEOUT_S=600, or 0 for no limit" for s in errors)
+
+
+# ---------------------------------------------------------------- workers: the hard limits
+
+
+def test_time_budget_kills_the_reader_and_the_others_go_on(mixed):
+    sources = discover(mixed)
+    trace = next(s for s in sources if s.kind == "kineto")
+    tasks = [(s, False, budget.Budget(0.001 if s is trace else 120.0, None)) for s in sources]
+    pool = budget.pool()
+    t0 = time.monotonic()
+    done = _by_name(s for s, _ in pool.run(tasks, 2))
+    assert time.monotonic() - t0 < 60
+    _one_line_naming(done[trace.path.name].detail, trace.path, "TRACEQL_SOURCE_TIMEOUT_S")
+    assert "time budget of 0.001 s" in done[trace.path.name].detail
+    assert all(done[f"nccl_trace_rank_{r}"].status == "ok" for r in range(3))
+    # the killed worker was replaced: the same trace reads in full under an ordinary budget
+    trace.status, trace.detail = "ok", ""
+    again = list(pool.run([(trace, False, budget.Budget(120.0, None))], 1))
+    assert again[0][0].status == "ok" and again[0][1]["kernels"].height > 0
+
+
+@pytest.mark.parametrize("mb", [2, 8])
+def test_memory_budget_stops_the_reader_and_the_others_go_on(mixed, mb, capfd):
+    sources = discover(mixed)
+    trace = next(s for s in sources if s.kind == "kineto")
+    # the backstop: no slack for reserved address space, so RLIMIT_AS refuses the read's allocations
+    tasks = [(s, False, budget.Budget(120.0, (mb if s is trace else 8) * MB, slack=0)) for s in sources]
+    # a fresh worker: one that read this trace before holds freed memory it can reuse without growing
+    pool = budget.Pool()
+    try:
+        done = {s.path.name: (s, t) for s, t in pool.run(tasks, 1)}
+    finally:
+        pool.close()
+    # Rust's "memory allocation failed", its backtrace, jemalloc's complaints: all stay in the worker
+    assert capfd.readouterr() == ("", "")
+    src, tables = done[trace.path.name]
+    assert src.status == "error" and tables == {}
+    _one_line_naming(src.detail, trace.path, "TRACEQL_SOURCE_MAX_MB")
+    assert f"memory budget of {mb} MB" in src.detail
+    for r in range(3):
+        s, t = done[f"nccl_trace_rank_{r}"]
+        assert s.status == "ok" and t["collectives"].height > 0
+
+
+def test_resident_memory_watch_stops_the_reader_and_the_others_go_on(mixed, monkeypatch):
+    """TRACEQL_SOURCE_MAX_MB=8: the parent sees the trace's reader grow past 8 MB of resident memory and kills it;
+    the Flight Recorder dumps need less and are read."""
+    monkeypatch.setenv("TRACEQL_SOURCE_MAX_MB", "8")
+    # a fresh pool: a warm worker that read this trace before holds freed memory that it reuses without growing
+    monkeypatch.setattr(budget, "_POOL", budget.Pool())
+    run = ingest(mixed, discover(mixed), use_cache=False)
+    src = _by_name(run.sources)
+    trace = src["rank0.pt.trace.json.gz"]
+    assert trace.status == "error" and "memory budget of 8 MB" in trace.detail
+    _one_line_naming(trace.detail, trace.path, "TRACEQL_SOURCE_MAX_MB")
+    assert all(src[f"nccl_trace_rank_{r}"].status == "ok" for r in range(3))
+    assert run.table("collectives").height > 0 and run.table("kernels").height == 0
+    monkeypatch.setenv("TRACEQL_SOURCE_MAX_MB", "2000")
+    try:
+        again = ingest(mixed, discover(mixed), use_cache=False)
+    finally:
+        budget._POOL.close()
+    assert _by_name(again.sources)["rank0.pt.trace.json.gz"].status == "ok"
+
+
+def test_worker_reads_equal_in_process_reads(monkeypatch):
+    """The budgeted path changes nothing about what is read: same sources, same tables."""
+    monkeypatch.setenv("TRACEQL_SOURCE_ISOLATION", "0")
+    plain = ingest(DEMO, discover(DEMO), use_cache=False)
+    monkeypatch.setenv("TRACEQL_SOURCE_ISOLATION", "always")
+    isolated = ingest(DEMO, discover(DEMO), use_cache=False)
+    assert [(s.path, s.status, s.rank) for s in plain.sources] == [(s.path, s.status, s.rank) for s in isolated.sources]
+    for name, df in plain.tables.items():
+        # sorted: the Kineto importer's flows come out in a different row order from one read to the next
+        keys = [c for c, t in df.schema.items() if not isinstance(t, (pl.List, pl.Struct, pl.Array))]
+        assert isolated.tables[name].sort(keys, nulls_last=True).equals(df.sort(keys, nulls_last=True)), name
+
+
+def test_large_tables_come_back_as_mapped_files(tmp_path, monkeypatch):
+    """Past INLINE_MAX_BYTES the worker writes Arrow IPC files that the parent maps (no pickled copy of gigabytes);
+    the tables are the same and the files are gone afterwards."""
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tempfile.tempdir = None  # the worker reads TMPDIR as it starts; this process too
+    monkeypatch.setenv("TRACEQL_SOURCE_ISOLATION", "0")
+    plain = ingest(DEMO, discover(DEMO), use_cache=False)
+    srcs = [s for s in discover(DEMO) if s.kind == "kineto"]
+    kinds = []
+    unpack = budget._unpack
+    monkeypatch.setattr(budget, "_unpack", lambda packed: (kinds.append(packed[0]), unpack(packed))[1])
+    pool = budget.Pool()
+    try:
+        done = list(pool.run([(s, False, budget.Budget(120.0, None)) for s in srcs], 1, inline_max=0))
+    finally:
+        pool.close()
+        tempfile.tempdir = None
+    assert [s.status for s, _ in done] == ["ok", "ok"] and kinds == ["files", "files"]
+    kernels = pl.concat([t["kernels"] for s, t in sorted(done, key=lambda d: d[0].id)])
+    assert kernels.equals(plain.tables["kernels"].select(kernels.columns))
+    assert not list(tmp_path.glob("traceql-ingest-*"))
+
+
+def test_check_cli_reports_the_budget_error_and_the_other_findings(mixed, monkeypatch):
+    from click.testing import CliRunner
+
+    from traceql.cli import main
+
+    monkeypatch.setenv("TRACEQL_SOURCE_TIMEOUT_S", "0.001")
+    r = CliRunner().invoke(main, ["check", str(mixed), "-v", "--no-cache", "-q"])
+    assert "reading stopped after its time budget of 0.001 s" in r.output
+    assert "raise it with TRACEQL_SOURCE_TIMEOUT_S" in r.output
+
+
+# ---------------------------------------------------------------- in-process: the watchdog for small runs
+
+
+def test_small_runs_are_read_in_process_under_the_watchdog(monkeypatch, tmp_path):
+    """Below IN_PROCESS_MAX_BYTES no worker starts; the SIGALRM timer still stops a read that runs past its budget."""
+    from traceql.ingest.loader import _ingest_one
+
+    log = tmp_path / "rank0.stderr.log"
+    line = "node1:1234:1240 [0] NCCL INFO Channel 00/02 :    0   1\n"
+    log.write_text(line * 200_000)  # ~11 MB of NCCL INFO lines, parsed in Python
+    src = next(s for s in discover(tmp_path) if s.kind == "nccl_log")
+    out, tables = budget.run_here(_ingest_one, src, False, budget.Budget(0.01, None))
+    assert out.status == "error" and tables == {}
+    _one_line_naming(out.detail, log, "TRACEQL_SOURCE_TIMEOUT_S")
+
+
+def test_the_demo_is_read_in_process(monkeypatch):
+    monkeypatch.delenv("TRACEQL_SOURCE_ISOLATION", raising=False)
+    monkeypatch.delenv("TRACEQL_SOURCE_MAX_MB", raising=False)
+    started = budget.pool().spawned
+    run = ingest(DEMO, discover(DEMO), use_cache=False)
+    assert budget.pool().spawned == started  # no worker started for 200 KB of input
+    assert sum(s.status == "ok" for s in run.sources) == 2
+
+
+# ---------------------------------------------------------------- a 5 GB sparse file
+
+
+def test_sparse_trace_fails_fast_and_the_others_go_on(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    head = gzip.decompress((REPO / "fixtures" / "h200-ddp-eager" / "rank0.pt.trace.json.gz").read_bytes())[:20000]
+    big = d / "rank0.pt.trace.json"
+    big.write_bytes(head)
+    with open(big, "r+b") as f:
+        f.truncate(5 * GB)
+    with open(big, "rb") as f:
+        if os.lseek(f.fileno(), 0, os.SEEK_HOLE) >= 5 * GB:
+            pytest.skip("this file system does not report holes (SEEK_HOLE)")
+    shutil.copy(REPO / "fixtures" / "h200-ddp-eager" / "rank0.pt.trace.json.gz", d / "rank1.pt.trace.json.gz")
+    t0 = time.monotonic()
+    run = pipeline.load_run(d, use_cache=True)
+    took = time.monotonic() - t0
+    src = _by_name(run.sources)
+    assert src["rank0.pt.trace.json"].status == "error"
+    assert "sparse hole" in src["rank0.pt.trace.json"].detail and str(big) in src["rank0.pt.trace.json"].detail
+    assert src["rank1.pt.trace.json.gz"].status == "ok"
+    # within its budget (60 s + 20 s/GB): a full read of 5 GB took ~16 s and 5 GB of memory; here it is not read
+    assert took < budget.budget_for(src["rank0.pt.trace.json"]).timeout_s

@@ -1,0 +1,552 @@
+"""Per-source time and memory budgets: every untrusted source is read in a worker process that can be stopped.
+
+A source is read in a worker of a persistent pool (`python -m traceql.ingest.budget`, started by the first read that
+needs one and reused by every later ingest of the process), under
+
+- a time budget: wall-clock seconds from handing the source to the worker until its tables are back. Past it the
+  worker is killed (SIGKILL: a loop inside polars or a C scanner cannot be interrupted any other way) and replaced;
+- a memory budget: how much the worker's resident anonymous memory (RssAnon: heap and anonymous mappings, not the
+  pages of the input file it maps) may grow over its value when the read starts. The parent reads it every 50 ms
+  and kills the worker past the budget; RLIMIT_AS (the budget + the file's size + AS_SLACK of reserved address
+  space) is the backstop that refuses a single absurd allocation at once. Memory a worker freed after an earlier
+  read and still holds is reused without counting, so the budget bounds new growth, not the read's total.
+
+Either way the source becomes an error source with a one-line reason naming the file, the budget and how to raise it;
+the other sources are read as usual. Defaults scale with the input and the machine, where `est` is the file's size
+(8 x for gzip, which traces compress about that much; a folder: its files' sizes added up):
+
+    time   = 60 s + 20 s per GB of est            (a 1 GB trace reads in ~3 s on one core)
+    memory = min(1 GB + 3 x est, 80% of RAM)      (~200 bytes per event, ~1 x the JSON)
+
+TRACEQL_SOURCE_TIMEOUT_S and TRACEQL_SOURCE_MAX_MB replace them for every source (0 = no limit); with
+TRACEQL_SOURCE_MAX_MB set, every source goes to a worker, so that a tight limit stops that source only.
+
+Small runs stay cheap: when the sources to read add up to less than IN_PROCESS_MAX_BYTES, starting a worker (about a
+second, importing polars) would cost more than the reading, so they are read in-process under a SIGALRM timer (from
+the main thread only; other threads use workers) and without a memory limit (a refused allocation inside Rust code
+aborts the process). That watchdog stops Python code but not a loop inside C code; the formats' own bounds (the Flight Recorder pre-scan, the sparse-file check) cover the
+small hostile files known. TRACEQL_SOURCE_ISOLATION=always sends every source to a worker (for a service reading
+uploads); =0 reads everything in-process without budgets (for debugging an importer).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from traceql.model import Source
+
+try:
+    import resource
+except ImportError:  # not POSIX: no RLIMIT_AS; the time budget still holds
+    resource = None
+
+GB = 1 << 30
+MB = 1 << 20
+# Address space reserved but not used, which RLIMIT_AS counts as well: a glibc malloc arena per thread reserves 64 MB,
+# jemalloc and Arrow reserve ahead (reading a 0.5 MB nsys export through ADBC grows the address space by 1.3 GB and
+# the resident memory by 60 MB). RLIMIT_AS is therefore only the backstop against one absurd allocation; the budget
+# itself is watched on resident anonymous memory (RssAnon) by the parent.
+AS_SLACK = 2 * GB + 64 * MB * (os.cpu_count() or 1)
+RECYCLE_BYTES = 256 * MB  # a worker holding more than this over its start is replaced after its read
+_POLL_S = 0.05  # how often the parent reads its busy workers' RssAnon
+_READY_TIMEOUT_S = 300.0  # a worker's start (importing polars) on a loaded machine; not charged to any source
+
+
+@dataclass
+class Budget:
+    timeout_s: float | None  # None: no limit
+    max_bytes: int | None
+    slack: int = AS_SLACK
+
+    def time_reason(self, path: Path) -> str:
+        return (f"{path}: reading stopped after its time budget of {self.timeout_s:g} s; raise it with "
+                "TRACEQL_SOURCE_TIMEOUT_S=SECONDS (0 = no limit)")
+
+    def memory_reason(self, path: Path) -> str:
+        if self.max_bytes is None:
+            return f"{path}: ran out of memory reading it; split the trace or read it on a machine with more memory"
+        return (f"{path}: reading stopped at its memory budget of {self.max_bytes // MB} MB; raise it with "
+                "TRACEQL_SOURCE_MAX_MB=MB (0 = no limit) or read it on a machine with more memory")
+
+
+def _env_number(name: str) -> float | None:
+    """The variable's value (None when unset); a value that is not a number >= 0 raises ValueError, one line."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        v = float(raw)
+    except ValueError:
+        v = -1.0
+    if not v >= 0 or v == float("inf"):
+        raise ValueError(f"{name}={raw!r} is not a number >= 0; set e.g. {name}=600, or 0 for no limit")
+    return v
+
+
+def _ram_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def estimated_bytes(path: Path) -> int:
+    """What the reader will hold in memory, roughly: the decompressed input size."""
+    try:
+        if path.is_dir():
+            total = 0
+            for i, p in enumerate(path.rglob("*")):
+                if i > 100_000:
+                    break
+                if p.is_file() and not p.is_symlink():
+                    total += p.stat().st_size
+            return total
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            gz = f.read(2) == b"\x1f\x8b"
+        return size * 8 if gz else size
+    except OSError:
+        return 0
+
+
+def budget_for(source: Source) -> Budget:
+    est = estimated_bytes(source.path)
+    t = _env_number("TRACEQL_SOURCE_TIMEOUT_S")
+    m = _env_number("TRACEQL_SOURCE_MAX_MB")
+    timeout = (t or None) if t is not None else 60.0 + 20.0 * est / GB
+    if m is not None:
+        mem = int(m * MB) or None
+    else:
+        mem = GB + 3 * est
+        ram = _ram_bytes()
+        if ram:
+            mem = min(mem, int(ram * 0.8))
+    return Budget(timeout, mem, AS_SLACK)
+
+
+IN_PROCESS_MAX_BYTES = 2 << 20
+
+
+def isolation_mode() -> str:
+    """off (in-process, no budgets), auto (small runs in-process with a watchdog, others in workers), always.
+    A budget set by hand is honoured exactly, so it sends every source to a worker: in-process, a read that hits a
+    tight memory limit inside Rust code would abort the whole command."""
+    v = os.environ.get("TRACEQL_SOURCE_ISOLATION", "auto").strip().lower()
+    if v in ("0", "no", "false", "off"):
+        return "off"
+    if v in ("always", "all", "workers") or os.environ.get("TRACEQL_SOURCE_MAX_MB", "").strip():
+        return "always"
+    return "auto"
+
+
+class _Timeout(BaseException):
+    """Raised by the in-process watchdog's timer; a BaseException so that importers' `except Exception` let it by."""
+
+
+def run_here(fn, source: Source, use_cache: bool, limits: Budget):
+    """fn(source, use_cache, limits) in this process, under the memory limit and (in the main thread) the timer."""
+    import threading
+
+    timer = limits.timeout_s is not None and threading.current_thread() is threading.main_thread()
+    old = None
+    if timer:
+        def _alarm(signum, frame):
+            raise _Timeout()
+        old = signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, limits.timeout_s)
+    try:
+        return fn(source, use_cache, limits)
+    except _Timeout:
+        source.status, source.detail = "error", limits.time_reason(source.path)
+        return source, {}
+    finally:
+        if timer:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+
+
+# ---------------------------------------------------------------- the worker side
+
+
+def _vm_size() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether an exception is how an allocation failed at the address-space limit (or with no memory left)."""
+    import errno
+
+    if isinstance(e, MemoryError):
+        return True
+    if isinstance(e, OSError) and e.errno == errno.ENOMEM:  # mmap of the file, a thread's stack
+        return True
+    text = str(e)
+    return (isinstance(e, RuntimeError) and "can't start new thread" in text) or "failed to map segment" in text \
+        or "memory allocation" in text and "failed" in text
+
+
+@contextmanager
+def memory_limit(limits: Budget | None, source: Source):
+    """In a worker, the address space may grow by the budget + the file's size (its read-only mapping) + the slack
+    inside: the backstop under the parent's RssAnon watch. In-process, nothing: an allocation refused inside Rust
+    code aborts the process, which would take the whole command down with one source."""
+    if limits is None or limits.max_bytes is None or resource is None or not _IN_WORKER:
+        yield
+        return
+    try:
+        file_size = source.path.stat().st_size if source.path.is_file() else 0
+    except OSError:
+        file_size = 0
+    _start_thread_pool()
+    _set_as_limit(limits.max_bytes + file_size + limits.slack)
+    try:
+        yield
+    finally:
+        _set_as_limit(None)
+
+
+
+
+def _start_thread_pool() -> None:
+    """Start polars' thread pool (its threads' stacks and arenas) before a limit is set, not inside the first read."""
+    import polars as pl
+
+    pl.thread_pool_size()
+
+
+_IN_WORKER = False  # set by _worker
+
+_AS_BEFORE: list[int] = []  # the soft limits that _set_as_limit(extra) replaced, restored by _set_as_limit(None)
+
+
+def _set_as_limit(extra: int | None) -> None:
+    """Lower the soft RLIMIT_AS to the current size + extra (never above the hard limit), or restore the previous."""
+    if resource is None:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if extra is None:
+        if _AS_BEFORE:
+            resource.setrlimit(resource.RLIMIT_AS, (_AS_BEFORE.pop(), hard))
+        return
+    _AS_BEFORE.append(soft)
+    cap = hard if hard != resource.RLIM_INFINITY else 1 << 62
+    if soft != resource.RLIM_INFINITY:
+        cap = min(cap, soft)
+    resource.setrlimit(resource.RLIMIT_AS, (min(cap, _vm_size() + extra), hard))
+
+
+def _worker(conn, threads: str | None = None) -> None:
+    """Read sources sent over `conn` one at a time until told to stop (None)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C is the parent's to handle; it kills the workers
+    import traceql.ingest.budget as this  # run as __main__, this file is also imported under its name: flag that one
+
+    this._IN_WORKER = True
+    # Nothing a worker prints may reach the command's output (a JSON or SARIF report on stdout) or its stderr (Rust's
+    # "memory allocation failed" and backtrace at the limit): each source comes back with its one-line reason.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    if threads is not None and "POLARS_MAX_THREADS" not in os.environ:
+        os.environ["POLARS_MAX_THREADS"] = threads  # read when polars first starts its thread pool
+    from traceql.ingest import formats
+    from traceql.ingest.loader import _ingest_one
+
+    formats()  # import every importer (and pyarrow) now: mapping their libraries later would count against a budget
+    _start_thread_pool()
+    conn.send("ready")
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        source, use_cache, budget, env, inline_max = msg
+        # the parent's settings now (a persistent worker outlives changes to them): TRACEQL_* as the parent has them
+        for k in [k for k in os.environ if k.startswith("TRACEQL_") and k not in env]:
+            del os.environ[k]
+        os.environ.update(env)
+        try:
+            out = _ingest_one(source, use_cache, budget)
+        except BaseException as e:  # whatever escapes the importer, the parent gets a reason, not a dead pipe
+            source.status = "error"
+            source.detail = (budget.memory_reason(source.path) if out_of_memory(e) else
+                             f"internal error reading it ({type(e).__name__}: {e}); please report it with the file")
+            out = (source, {})
+        conn.send((out[0], _pack(out[1], inline_max)))
+        if out[0].status == "error" and out[0].detail == budget.memory_reason(source.path):
+            return  # after an allocation failure the heap may be in any state: a fresh worker reads the next one
+
+
+# Tables up to this size travel back pickled over the socket; larger ones as Arrow IPC files that the parent maps
+# (pickling 10 GB of tables would hold them twice in the worker and twice again in the parent while they travel).
+INLINE_MAX_BYTES = 64 * MB
+
+
+def _pack(tables: dict, inline_max: int = INLINE_MAX_BYTES) -> tuple:
+    if sum(df.estimated_size() for df in tables.values()) <= inline_max:
+        return ("inline", tables)
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="traceql-ingest-")
+    paths = {}
+    try:
+        for name, df in tables.items():
+            paths[name] = os.path.join(d, f"{name}.arrow")
+            df.write_ipc(paths[name], compression="uncompressed")
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(d, ignore_errors=True)
+        raise
+    return ("files", d, paths)
+
+
+def _unpack(packed: tuple) -> dict:
+    if packed[0] == "inline":
+        return packed[1]
+    import shutil
+
+    import polars as pl
+
+    import pyarrow as pa
+
+    _, d, paths = packed
+    try:
+        # mapped, not copied (pl.read_ipc copies): the pages stay readable after the files are unlinked, and the
+        # kernel can drop them under memory pressure, as it does the page cache
+        return {name: pl.from_arrow(pa.ipc.open_file(pa.memory_map(p)).read_all(), rechunk=False)
+                for name, p in paths.items()}
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- the parent side
+
+
+def _rss_anon(pid: int) -> int:
+    """Resident anonymous memory of a process: its heap and anonymous mappings, not the pages of files it maps."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+class _Worker:
+    """`python -m traceql.ingest.budget FD`: a fresh interpreter (not multiprocessing's spawn, which would import the
+    caller's __main__ again: a script without a main guard, or stdin), talking over one end of a socket pair."""
+
+    def __init__(self, threads: str | None):
+        import socket
+        import subprocess
+        import sys
+        from multiprocessing.connection import Connection
+
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ)
+        # the same traceql (and everything else) as this process, wherever it was imported from
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        if threads is not None:
+            env.setdefault("POLARS_MAX_THREADS", threads)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "traceql.ingest.budget", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+            start_new_session=True,  # ^C in the terminal goes to the command, which stops its workers itself
+        )
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        self.ready = False
+        self.base_rss = 0
+        self.fresh_rss = 0
+        self.started = time.monotonic()
+        self.task: tuple[Source, Budget, float] | None = None  # source, budget, deadline
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+            self.proc.wait(5)
+        except (OSError, ValueError):
+            pass
+        except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: a zombie is the system's to reap now
+            pass
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+class Pool:
+    """Worker processes kept between ingests: the first read pays the start (about a second: polars' import), later
+    ones do not. Workers that were killed or retired are replaced on demand."""
+
+    def __init__(self):
+        self.idle: list[_Worker] = []
+        self.spawned = 0
+        self.max_spawn = 0  # raised by run(): every task may cost one worker, plus a few that die while starting
+
+    def _take(self, n: int, threads: str | None) -> list[_Worker]:
+        ws = [w for w in self.idle if w.alive()]
+        for w in self.idle:
+            if w not in ws:
+                w.kill()
+        self.idle = []
+        while len(ws) < n:
+            ws.append(self._spawn(threads))
+        self.idle = ws[n:]
+        return ws[:n]
+
+    def _spawn(self, threads: str | None) -> _Worker:
+        self.spawned += 1
+        if self.spawned > self.max_spawn:
+            raise RuntimeError("ingest workers keep dying as they start; set TRACEQL_SOURCE_ISOLATION=0 to read in-process")
+        return _Worker(threads)
+
+    def close(self) -> None:
+        for w in self.idle:
+            try:
+                w.conn.send(None)
+            except OSError:
+                pass
+            w.kill()
+        self.idle = []
+
+    def run(self, tasks: list[tuple[Source, bool, Budget]], workers: int, inline_max: int = INLINE_MAX_BYTES):
+        """Yield (source, tables) for every task, each read under its budget. Largest first: better packing."""
+        from multiprocessing.connection import wait
+
+        pending = sorted(tasks, key=lambda t: -estimated_bytes(t[0].path))
+        threads = "1" if workers > 1 else None
+        self.max_spawn = self.spawned + len(pending) + workers + 3
+        ws = self._take(min(workers, len(pending)), threads)
+        try:
+            while pending or any(w.task for w in ws):
+                now = time.monotonic()
+                for w in ws:
+                    if w.ready and w.task is None and pending:
+                        source, use_cache, budget = pending.pop(0)
+                        deadline = now + budget.timeout_s if budget.timeout_s else float("inf")
+                        try:
+                            env = {k: v for k, v in os.environ.items() if k.startswith("TRACEQL_")}
+                            w.base_rss = _rss_anon(w.proc.pid)
+                            w.conn.send((source, use_cache, budget, env, inline_max))
+                            w.task = (source, budget, deadline)
+                        except OSError:
+                            pending.insert(0, (source, use_cache, budget))
+                            w.ready = False
+                            w.kill()
+                waits = [w.task[2] for w in ws if w.task] + [now + _READY_TIMEOUT_S]
+                if any(w.task and w.task[1].max_bytes is not None for w in ws):
+                    waits.append(now + _POLL_S)
+                ready = wait([w.conn for w in ws if not w.conn.closed], timeout=max(0.0, min(waits) - now))
+                now = time.monotonic()
+                for i, w in enumerate(ws):
+                    if not w.conn.closed and w.conn in ready:
+                        try:
+                            msg = w.conn.recv()
+                        except (EOFError, OSError):
+                            msg = None
+                        if msg == "ready":
+                            w.ready = True
+                            w.fresh_rss = _rss_anon(w.proc.pid)
+                            continue
+                        if msg is not None and w.task:
+                            budget = w.task[1]
+                            w.task = None
+                            msg = (msg[0], _unpack(msg[1]))
+                            yield msg
+                            retired = msg[0].status == "error" and msg[0].detail == budget.memory_reason(msg[0].path)
+                            # a worker that kept much freed memory would read the next source partly for free: the
+                            # budget is growth over the start of a read, so keep what a warm worker holds small
+                            if retired or _rss_anon(w.proc.pid) - w.fresh_rss > RECYCLE_BYTES:
+                                w.kill()
+                                if pending:
+                                    ws[i] = self._spawn(threads)
+                                else:
+                                    w.ready = False
+                            continue
+                        # the worker died: while reading (an abort at the memory limit, a crash) or while starting
+                        if w.task:
+                            source, budget, _ = w.task
+                            yield _died(source, budget, w.proc)
+                        elif not pending:
+                            w.kill()
+                            continue
+                        w.kill()
+                        ws[i] = self._spawn(threads)
+                    elif w.task and now >= w.task[2]:
+                        source, budget, _ = w.task
+                        w.kill()
+                        source.status, source.detail = "error", budget.time_reason(source.path)
+                        yield source, {}
+                        ws[i] = self._spawn(threads)
+                    elif w.task and w.task[1].max_bytes is not None and \
+                            _rss_anon(w.proc.pid) - w.base_rss > w.task[1].max_bytes:
+                        source, budget, _ = w.task
+                        w.kill()
+                        source.status, source.detail = "error", budget.memory_reason(source.path)
+                        yield source, {}
+                        ws[i] = self._spawn(threads)
+                if any(not w.ready and now - w.started > _READY_TIMEOUT_S for w in ws):
+                    raise RuntimeError(f"an ingest worker did not start in {_READY_TIMEOUT_S:g} s; set "
+                                       "TRACEQL_SOURCE_ISOLATION=0 to read in-process")
+        except BaseException:
+            for w in ws:
+                w.kill()
+            raise
+        for w in ws:
+            if w.alive() and w.ready and not w.task:
+                self.idle.append(w)
+            else:
+                w.kill()
+
+
+def _died(source: Source, budget: Budget, proc) -> tuple[Source, dict]:
+    try:
+        code = proc.wait(5)
+    except Exception:  # noqa: BLE001 - it did not exit after closing its end: stop it
+        proc.kill()
+        code = proc.wait()
+    source.status = "error"
+    if code in (-signal.SIGABRT, -signal.SIGKILL, -signal.SIGSEGV) and budget.max_bytes is not None:
+        # Rust aborts when an allocation fails at the address-space limit; the kernel's OOM killer sends SIGKILL
+        source.detail = budget.memory_reason(source.path)
+    else:
+        source.detail = (f"{source.path}: the reader crashed (exit {code}) reading it; please report it with the file, "
+                         "or set TRACEQL_SOURCE_ISOLATION=0 to see the error")
+    return source, {}
+
+
+_POOL: Pool | None = None
+
+
+def pool() -> Pool:
+    global _POOL
+    if _POOL is None:
+        _POOL = Pool()
+        atexit.register(_POOL.close)
+    return _POOL
+
+
+if __name__ == "__main__":
+    import sys
+    from multiprocessing.connection import Connection
+
+    _worker(Connection(int(sys.argv[1])))

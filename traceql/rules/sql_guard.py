@@ -1,0 +1,191 @@
+"""Rule SQL and `traceql query` read traceql's tables only: a statement is checked before polars sees it.
+
+polars' SQLContext serves table functions (read_csv, read_parquet, read_ipc, read_json, ...) from any FROM clause and
+has no switch to turn them off, so a rule file could read a private file and put its rows in a report. polars does
+not expose its SQL parser either, so the statement is tokenized here (comments, string literals, quoted identifiers
+and case handled as SQL does) and refused unless:
+
+- it is one SELECT (or WITH ... SELECT) statement;
+- no function named read_* or scan_* is called anywhere (whatever polars adds under those names later);
+- every table position (after FROM, JOIN, or a comma of a FROM list) holds a subquery or a plain name that is one of
+  the run's tables or a CTE of the statement: a name followed by "(" there is a table function and is refused, except
+  UNNEST, which reads only its argument.
+
+A refused statement is never executed, so its error cannot carry any file's content.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+class SqlRefused(ValueError):
+    """The statement is not a query over traceql's tables. The message is one line and quotes no file content."""
+
+
+_TOKEN = re.compile(
+    r"""(?P<ws>\s+)
+      | (?P<line>--[^\n]*)
+      | (?P<block>/\*)
+      | (?P<estr>[Ee]')
+      | (?P<str>[XxBbNn]?'(?:[^']|'')*')
+      | (?P<dollar>\$(?P<tag>[A-Za-z_]*)\$)
+      | (?P<qid>"(?:[^"]|"")*"|`(?:[^`]|``)*`)
+      | (?P<word>[A-Za-z_][A-Za-z0-9_$]*)
+      | (?P<num>\d[\d.]*(?:[eE][+-]?\d+)?)
+      | (?P<punct>.)""",
+    re.VERBOSE | re.DOTALL,
+)
+_CLAUSES = {"select", "from", "where", "group", "having", "order", "limit", "offset", "on", "using", "qualify",
+            "window", "union", "except", "intersect", "join", "values", "fetch"}
+_TABLE_FUNCTIONS_OK = {"unnest"}
+
+
+def tokens(sql: str) -> list[tuple[str, str]]:
+    """(kind, text) pairs: kind is word (lower-cased), qid (the unquoted name, case kept), str, num or punct."""
+    out: list[tuple[str, str]] = []
+    i, n = 0, len(sql)
+    while i < n:
+        m = _TOKEN.match(sql, i)
+        kind = m.lastgroup if m.lastgroup != "tag" else "dollar"
+        if kind == "block":  # block comments nest in sqlparser's dialects: count them
+            depth, j = 1, m.end()
+            while depth and j < n:
+                if sql.startswith("/*", j):
+                    depth, j = depth + 1, j + 2
+                elif sql.startswith("*/", j):
+                    depth, j = depth - 1, j + 2
+                else:
+                    j += 1
+            if depth:
+                raise SqlRefused("unterminated /* comment")
+            i = j
+            continue
+        if kind == "estr":  # backslash escapes: where such a string ends is read differently by different parsers
+            raise SqlRefused("E'...' escape strings are not supported; write '...' with '' for a quote")
+        if kind == "dollar":
+            end = sql.find(m.group(0), m.end())
+            if end < 0:
+                raise SqlRefused("unterminated $$ string")
+            out.append(("str", ""))
+            i = end + len(m.group(0))
+            continue
+        text = m.group(0)
+        if kind == "str" and (len(text) < 2 or text[-1] != "'"):
+            raise SqlRefused("unterminated string literal")
+        if kind == "punct" and text in "'\"`":
+            raise SqlRefused(f"unterminated quote {text}")
+        i = m.end()
+        if kind in ("ws", "line"):
+            continue
+        if kind == "word":
+            out.append(("word", text.lower()))
+        elif kind == "qid":
+            q = text[0]
+            inner = text[1:-1]
+            out.append(("qid", inner.replace(q * 2, q) if q in "\"`" else inner))
+        else:
+            out.append((kind, text))
+    return out
+
+
+def _name(tok: tuple[str, str]) -> str | None:
+    return tok[1] if tok[0] in ("word", "qid") else None
+
+
+def _cte_names(toks: list[tuple[str, str]]) -> set[str]:
+    """Names defined as `name AS (` or `name (cols) AS (`: the statement's CTEs."""
+    names = set()
+    for i in range(1, len(toks) - 1):
+        if toks[i] != ("word", "as") or toks[i + 1] != ("punct", "("):
+            continue
+        j = i - 1
+        if toks[j] == ("punct", ")"):  # skip the column list back to its "("
+            depth = 0
+            while j >= 0:
+                if toks[j] == ("punct", ")"):
+                    depth += 1
+                elif toks[j] == ("punct", "("):
+                    depth -= 1
+                    if depth == 0:
+                        break
+                j -= 1
+            j -= 1
+        if j >= 0 and (nm := _name(toks[j])):
+            names.add(nm.lower())
+    return names
+
+
+_RAW_READ = re.compile(r"(?i)(?<![a-z0-9_$])(read|scan)_[a-z0-9_$]*")
+_GAP = re.compile(r"(?:\s+|[\"`]|/\*.*?\*/|--[^\n]*(?:\n|$))*", re.DOTALL)
+
+
+def _raw_read_call(sql: str) -> str | None:
+    """A read_*/scan_* name followed by "(" anywhere in the raw text, strings and comments included: a second check that
+    does not depend on tokenizing exactly as polars does."""
+    for m in _RAW_READ.finditer(sql):
+        gap = _GAP.match(sql, m.end())
+        if sql[gap.end():gap.end() + 1] == "(":
+            return m.group(0).lower()
+    return None
+
+
+def check(sql: str, tables: set[str] | list[str] | None = None) -> None:
+    """Raise SqlRefused unless `sql` is one SELECT over `tables` (names, any case) and its own CTEs. With tables=None
+    the names are not checked (at rule load, before a run exists); table functions are refused all the same."""
+    if (fn := _raw_read_call(sql)) is not None:
+        raise SqlRefused(f"{fn}(...) reads files; rule SQL and queries read only traceql's tables")
+    toks = tokens(sql)
+    while toks and toks[-1] == ("punct", ";"):
+        toks.pop()
+    if not toks:
+        raise SqlRefused("empty statement")
+    if ("punct", ";") in toks:
+        raise SqlRefused("one statement only (found ';' between statements)")
+    first = next((t for t in toks if t != ("punct", "(")), None)
+    if first not in (("word", "select"), ("word", "with")):
+        raise SqlRefused(f"only SELECT (or WITH ... SELECT) statements run here, not {(first or ('', '?'))[1].upper()}")
+    for i, tok in enumerate(toks[:-1]):
+        nm = _name(tok)
+        if nm and toks[i + 1] == ("punct", "(") and re.match(r"(?i)(read|scan)_", nm):
+            raise SqlRefused(f"{nm}(...) reads files; rule SQL and queries read only traceql's tables")
+    allowed = None if tables is None else {t.lower() for t in tables} | _cte_names(toks)
+    clause = ["select"]  # the current clause keyword at each parenthesis depth
+    expect_table = False
+    for i, tok in enumerate(toks):
+        nxt = toks[i + 1] if i + 1 < len(toks) else ("", "")
+        if expect_table:
+            if tok == ("word", "lateral"):
+                continue
+            expect_table = False
+            if tok == ("punct", "("):  # a subquery, or a parenthesized table/join: its first name is a table too
+                clause.append("from")
+                expect_table = nxt not in (("word", "select"), ("word", "with"), ("word", "values"))
+                continue
+            nm = _name(tok)
+            if nm is None:
+                raise SqlRefused(f"expected a table name after FROM/JOIN, found {tok[1]!r}")
+            if nxt == ("punct", "("):
+                if tok[0] == "word" and nm in _TABLE_FUNCTIONS_OK:
+                    continue
+                raise SqlRefused(f"table function {nm}(...) is not allowed; rule SQL and queries read only traceql's "
+                                 "tables")
+            if nxt == ("punct", "."):
+                raise SqlRefused(f"qualified table name {nm}.… is not allowed; name one of traceql's tables")
+            if allowed is not None and nm.lower() not in allowed:
+                raise SqlRefused(f"unknown table {nm!r}; valid tables: {', '.join(sorted(tables))}")
+            continue
+        if tok == ("punct", "("):
+            clause.append("expr")
+        elif tok == ("punct", ")"):
+            if len(clause) > 1:
+                clause.pop()
+        elif tok[0] == "word" and tok[1] in _CLAUSES:
+            if tok[1] == "from" and (clause[-1] == "expr" or (i and toks[i - 1] == ("word", "distinct"))):
+                continue  # EXTRACT(x FROM y), SUBSTRING(s FROM 1), TRIM(... FROM s), a IS DISTINCT FROM b
+            clause[-1] = "from" if tok[1] == "join" else tok[1]
+            expect_table = tok[1] in ("from", "join")
+        elif tok == ("punct", ",") and clause[-1] == "from":
+            expect_table = True
+    if expect_table:
+        raise SqlRefused("FROM/JOIN without a table")
