@@ -15,6 +15,7 @@ import orjson
 import polars as pl
 
 from traceql.model import Run
+from traceql.model.ranks import format_ranks
 
 
 def _ensure(run: Run, name: str) -> pl.DataFrame:
@@ -47,9 +48,43 @@ def compile_evidence(run: Run) -> pl.DataFrame:
     ce = ce.with_columns(
         pl.col("source").replace_strict(kinds, default="unknown", return_dtype=pl.Utf8).alias("_sk"),
     ).with_columns(pl.col("_sk").replace_strict(_PRIORITY, default=9, return_dtype=pl.Int32).alias("_prio"))
+    # torch < 2.4 TORCH_TRACE logs imply recompiles and graph breaks without their reasons (traceql infers them
+    # from frame ids and resume frames): a source of the same rank that has the reasons (TORCH_LOGS) wins then
+    reasonless = (pl.col("kind").is_in(["recompile", "graph_break"])
+                  & pl.col("reason").is_null().all().over("rank", "kind", "source"))
+    ce = ce.with_columns(pl.when(reasonless).then(pl.col("_prio") + 10).otherwise(pl.col("_prio")).alias("_prio"))
     best = ce.group_by("rank", "kind").agg(pl.col("_prio").min().alias("_best"))
     ce = ce.join(best, on=["rank", "kind"], how="left", nulls_equal=True)
-    return ce.filter(pl.col("_prio") == pl.col("_best")).drop("_sk", "_prio", "_best")
+    ce = ce.filter(pl.col("_prio") == pl.col("_best")).drop("_sk", "_prio", "_best")
+    return _adopt_ids(ce)
+
+
+def _adopt_ids(ce: pl.DataFrame) -> pl.DataFrame:
+    """Rows from logs that name no compile id (TORCH_LOGS of torch < 2.4: recompiles with stand-in frame ids,
+    WON'T CONVERT reports) take the frame id of the same rank's compiled function where a compile record names it
+    (one frame per function name), and rows with a compile id but no function take the function of its compile."""
+    comp = ce.filter((pl.col("kind") == "compile") & pl.col("compile_id").is_not_null() & pl.col("function").is_not_null())
+    if comp.height == 0:
+        return ce
+    fn = (comp.group_by("rank", "function").agg(pl.col("frame_id").n_unique().alias("_nf"), pl.col("frame_id").first().alias("_fid"),
+                                                pl.col("compile_id").sort_by("attempt").last().alias("_last"))
+          .filter(pl.col("_nf") == 1).drop("_nf"))
+    by_cid = comp.unique(subset=["rank", "compile_id"], keep="first").select(
+        "rank", "compile_id", pl.col("function").alias("_fn"), pl.col("filename").alias("_file"), pl.col("line").alias("_line"))
+    stand_in = pl.col("frame_id").is_null() | (pl.col("frame_id") < 0)
+    ce = ce.join(fn, on=["rank", "function"], how="left", nulls_equal=False).join(
+        by_cid, on=["rank", "compile_id"], how="left", nulls_equal=False)
+    ce = ce.with_columns(
+        pl.when(stand_in & pl.col("_fid").is_not_null() & (pl.col("kind") == "recompile") & pl.col("attempt").is_not_null())
+        .then(pl.format("{}/{}", pl.col("_fid"), pl.col("attempt")))
+        .when(pl.col("compile_id").is_null() & (pl.col("kind") == "compile_failure")).then(pl.col("_last"))
+        .otherwise(pl.col("compile_id")).alias("compile_id"),
+    ).with_columns(
+        pl.when(stand_in & pl.col("_fid").is_not_null()).then(pl.col("_fid")).otherwise(pl.col("frame_id")).alias("frame_id"),
+        pl.coalesce("function", "_fn").alias("function"), pl.coalesce("filename", "_file").alias("filename"),
+        pl.coalesce("line", "_line").alias("line"),
+    )
+    return ce.drop("_fid", "_last", "_fn", "_file", "_line")
 
 
 def _known_rank(run: Run):
@@ -486,6 +521,259 @@ def compile_time(run: Run) -> pl.DataFrame:
     return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank")
 
 
+# --- shared: grouping ranks and summarising lists --------------------------------------------------------------
+
+
+def summarise(items, k: int = 3) -> str:
+    """At most k items, then "and N more": messages stay readable, the full list goes to the evidence."""
+    items = [str(x) for x in items]
+    if len(items) <= k + 1:
+        return ", ".join(items)
+    return ", ".join(items[:k]) + f" and {len(items) - k} more"
+
+
+def _odd_groups(values: dict[int, object]) -> tuple[list[int], object, list[tuple[list[int], object]]]:
+    """Ranks grouped by value: (majority ranks, majority value, [(odd ranks, their value), ...]). The majority is
+    the value most ranks have; a tie goes to the value of the lowest rank."""
+    by: dict[object, list[int]] = {}
+    for r in sorted(values):
+        by.setdefault(values[r], []).append(r)
+    order = sorted(by.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+    (maj_v, maj_r), rest = order[0], order[1:]
+    return maj_r, maj_v, [(rs, v) for v, rs in rest]
+
+
+def _rk(ranks) -> str:
+    return format_ranks(ranks)
+
+
+def _ranks_word(ranks) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + format_ranks(ranks)
+
+
+# --- TQL406 -------------------------------------------------------------------------------------------------
+
+
+def compile_failures(run: Run) -> pl.DataFrame:
+    """Frames whose compile failed (compilation_metrics.fail_type, or a WON'T CONVERT report in TORCH_LOGS): one row
+    per function, failure type and reason, with the ranks it happened on and their compile ids. The recompile limit
+    (TQL401) and frames dynamo skips on purpose are not failures."""
+    schema = {"ranks": pl.List(pl.Int32), "ranks_text": pl.Utf8, "n_ranks": pl.UInt32, "compile_ids": pl.Utf8,
+              "first_compile_id": pl.Utf8, "function": pl.Utf8, "location": pl.Utf8, "fail_type": pl.Utf8,
+              "reason": pl.Utf8, "backend": pl.Utf8, "category": pl.Utf8, "outcome": pl.Utf8, "user_frame": pl.Utf8,
+              "note": pl.Utf8}
+    ev = _ensure(run, "compile_evidence")
+    f = ev.filter(pl.col("kind") == "compile_failure")
+    if f.height == 0:
+        return pl.DataFrame(schema=schema)
+    f = f.with_columns(
+        _detail_field("backend").alias("backend"), _detail_field("category").alias("category"),
+        (_detail_field("suppress_errors") == "true").alias("_sup"),
+        pl.format("{}:{}", pl.col("filename").fill_null("?"), pl.col("line").fill_null(0)).alias("location"),
+        pl.col("op").fill_null("unknown").alias("fail_type"))
+    all_ranks = ev["rank"].drop_nulls().unique().len()
+    rows = []
+    keys = ["function", "location", "fail_type", "reason"]
+    for g in f.partition_by(keys, maintain_order=True):
+        r0 = g.row(0, named=True)
+        ranks = sorted(g["rank"].drop_nulls().unique().to_list())
+        cids = sorted(g["compile_id"].drop_nulls().unique().to_list(), key=_cid_order)
+        sup = g["_sup"].drop_nulls().to_list()
+        outcome = ("suppress_errors=True: the frame runs in eager mode, without its compiled speed-up" if sup and all(sup)
+                   else "the error reached the program (it stopped, or caught it)" if sup and not any(sup)
+                   else "the frame was not compiled")
+        where = (_ranks_word(ranks) if len(ranks) < all_ranks or all_ranks > 1 else _ranks_word(ranks))
+        backend = f" (backend {r0['backend']})" if r0["backend"] else ""
+        cid_text = f"compile {summarise(cids)}" if cids else "a compile"
+        note = (f"{cid_text} of {r0['function'] or '?'} ({r0['location']}) failed on {where}: {r0['fail_type']}"
+                f"{backend}: {r0['reason'] or 'no reason logged'}; {outcome}")
+        rows.append({"ranks": ranks, "ranks_text": _rk(ranks), "n_ranks": len(ranks), "compile_ids": ",".join(cids),
+                     "first_compile_id": cids[0] if cids else None, "function": r0["function"],
+                     "location": r0["location"], "fail_type": r0["fail_type"], "reason": r0["reason"],
+                     "backend": r0["backend"], "category": r0["category"], "outcome": outcome,
+                     "user_frame": r0["user_frame"], "note": note})
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _cid_order(cid: str):
+    nums = [int(x) for x in re.findall(r"\d+", cid or "")]
+    return (cid.startswith("!"), nums, cid)
+
+
+# --- TQL403 (grouped), TQL407, TQL408, TQL409: ranks that compiled differently -------------------------------
+
+
+_DIV_SCHEMA = {"aspect": pl.Utf8, "ranks": pl.List(pl.Int32), "ranks_text": pl.Utf8, "majority_ranks": pl.Utf8,
+               "n_ranks": pl.UInt32, "compile_id": pl.Utf8, "compile_ids": pl.Utf8, "n_compile_ids": pl.UInt32,
+               "here": pl.Utf8, "majority": pl.Utf8, "note": pl.Utf8}
+
+
+def _cid_with_restart() -> pl.Expr:
+    return (pl.when(_detail_field("restart", pl.Int64).fill_null(0) > 0)
+            .then(pl.format("{}_{}", pl.col("compile_id"), _detail_field("restart", pl.Int64)))
+            .otherwise(pl.col("compile_id")))
+
+
+def _trace_ranks(run: Run, ev: pl.DataFrame) -> pl.DataFrame:
+    """compile_evidence rows from TORCH_TRACE logs only: the one source that names every compile id of a rank."""
+    tt = {s.id for s in run.sources if s.kind == "torch_trace"}
+    return ev.filter(pl.col("source").is_in(list(tt)) & pl.col("rank").is_not_null() & pl.col("compile_id").is_not_null())
+
+
+def _per_cid_values(df: pl.DataFrame, value: str) -> dict[str, dict[int, str]]:
+    out: dict[str, dict[int, str]] = {}
+    for cid, rank, v in df.select("_cid", "rank", value).iter_rows():
+        out.setdefault(cid, {})[rank] = v
+    return out
+
+
+def compile_rank_divergence(run: Run) -> pl.DataFrame:
+    """What ranks compiled differently, beyond cache keys (TQL403), in one row per aspect and group of odd ranks:
+    - collective_schedule: the collectives inside a compiled graph, in graph order (post-grad graph where logged),
+      differ from the majority's for the same compile id (TQL407: ranks issuing collectives in different orders
+      deadlock or reduce the wrong tensors);
+    - cache_pattern: the FX graph cache hit/miss sequence differs (TQL408), grouped over compile ids;
+    - tensor_meta: the dynamo graph's inputs (shapes, dtypes) differ (TQL409), grouped over compile ids.
+    Only ranks whose TORCH_TRACE logs hold the fact for a compile id take part in comparing it. `ranks` is the odd
+    group, `majority_ranks` the ranks it is compared with; `note` is the sentence the rule's message prints."""
+    ev = _ensure(run, "compile_evidence")
+    if ev.height == 0:
+        return pl.DataFrame(schema=_DIV_SCHEMA)
+    ev = _trace_ranks(run, ev)
+    if ev.height == 0 or ev["rank"].n_unique() < 2:
+        return pl.DataFrame(schema=_DIV_SCHEMA)
+    ev = ev.with_columns(_cid_with_restart().alias("_cid"))
+    rows = _schedule_rows(ev) + _cache_pattern_rows(ev) + _tensor_meta_rows(ev)
+    return pl.DataFrame(rows, schema=_DIV_SCHEMA) if rows else pl.DataFrame(schema=_DIV_SCHEMA)
+
+
+def _short_coll(op: str) -> str:
+    op = re.sub(r"^(?:torch\.ops\.)?_?c10d_functional\.", "", op)
+    return re.sub(r"\.default$", "", op).rstrip("_")
+
+
+def _schedule_rows(ev: pl.DataFrame) -> list[dict]:
+    g = ev.filter(pl.col("kind") == "graph_op")
+    if g.height == 0:
+        return []
+    g = g.with_columns(_detail_field("graph").alias("_graph"), _detail_field("graph_no", pl.Int64).alias("_gno"))
+    rank_of = {"post_grad": 0, "aot": 1, "dynamo": 2}
+    g = g.with_columns(pl.col("_graph").replace_strict(rank_of, default=3, return_dtype=pl.Int32).alias("_gr"))
+    g = g.filter(pl.col("_gr") == pl.col("_gr").min().over("rank", "_cid"))
+    # the last copy of each graph (inductor may log a graph more than once): the graph as run
+    g = g.filter(pl.col("_gno") == pl.col("_gno").max().over("rank", "_cid", "_graph"))
+    if not g.filter(pl.col("op").str.contains(_COLLECTIVE.pattern)).height:
+        return []
+    sched = (g.sort("op_index").group_by("rank", "_cid", maintain_order=True)
+             .agg(pl.col("op").filter(pl.col("op").str.contains(_COLLECTIVE.pattern)
+                                      & ~pl.col("op").str.contains(_WAIT.pattern)).alias("_ops")))
+    rows = []
+    for cid, vals in sorted(_per_cid_values(sched.with_columns(
+            pl.col("_ops").list.eval(pl.element().map_elements(_short_coll, return_dtype=pl.Utf8)).list.join(" -> ")
+            .alias("_s")), "_s").items(), key=lambda kv: _cid_order(kv[0])):
+        if len(vals) < 2 or len(set(vals.values())) < 2:
+            continue
+        maj_r, maj_v, odd = _odd_groups(vals)
+        for rs, v in odd:
+            here, there = v or "no collectives", maj_v or "no collectives"
+            rows.append({"aspect": "collective_schedule", "ranks": rs, "ranks_text": _rk(rs), "majority_ranks": _rk(maj_r),
+                         "n_ranks": len(vals), "compile_id": cid, "compile_ids": cid, "n_compile_ids": 1,
+                         "here": here, "majority": there,
+                         "note": (f"compile {cid}: the compiled graph on {_ranks_word(rs)} issues {_clip(here)}, on "
+                                  f"{_ranks_word(maj_r)} {_clip(there)}: the ranks' collectives no longer pair up "
+                                  "in order")})
+    return rows
+
+
+def _clip(seq: str, k: int = 4) -> str:
+    parts = seq.split(" -> ")
+    return seq if len(parts) <= k + 1 else " -> ".join(parts[:k]) + f" -> ... ({len(parts)} collectives)"
+
+
+def _grouped(aspect: str, per_cid: list[tuple[str, list[int], list[int], str, str, int]], sentence) -> list[dict]:
+    """Odd groups found per compile id, merged over compile ids that share the same odd ranks and the same kind of
+    difference (`kind`): one row each, its compile ids summarised in the note and listed in full in compile_ids."""
+    merged: dict[tuple, list] = {}
+    for cid, rs, maj, here, there, n in per_cid:
+        merged.setdefault((tuple(rs), here, there), []).append((cid, maj, n))
+    rows = []
+    for (rs, here, there), items in merged.items():
+        cids = sorted({c for c, _, _ in items}, key=_cid_order)
+        maj = sorted({r for _, m, _ in items for r in m})
+        rows.append({"aspect": aspect, "ranks": list(rs), "ranks_text": _rk(rs), "majority_ranks": _rk(maj),
+                     "n_ranks": max(n for _, _, n in items), "compile_id": cids[0], "compile_ids": ",".join(cids),
+                     "n_compile_ids": len(cids), "here": here, "majority": there,
+                     "note": sentence(list(rs), maj, cids, here, there)})
+    return sorted(rows, key=lambda r: (_cid_order(r["compile_id"]), r["ranks"]))
+
+
+def _cids_text(cids) -> str:
+    return ("compile " if len(cids) == 1 else f"{len(cids)} compile ids (") + summarise(cids) + ("" if len(cids) == 1 else ")")
+
+
+def _cache_pattern_rows(ev: pl.DataFrame) -> list[dict]:
+    c = ev.filter(pl.col("kind").is_in(["cache_hit", "cache_miss", "cache_bypass"])
+                  & (_detail_field("cache") == "fx_graph").fill_null(False))
+    if c.height == 0:
+        return []
+    c = c.with_columns(pl.col("kind").str.replace("cache_", "").alias("_hm"))
+    pat = c.group_by("rank", "_cid", maintain_order=True).agg(pl.col("_hm"))
+    per_cid = []
+    for cid, vals in _per_cid_values(pat.with_columns(pl.col("_hm").list.join(",").alias("_p")), "_p").items():
+        if len(vals) < 2 or len(set(vals.values())) < 2:
+            continue
+        maj_r, maj_v, odd = _odd_groups(vals)
+        for rs, v in odd:
+            per_cid.append((cid, rs, maj_r, _pattern_word(v), _pattern_word(maj_v), len(vals)))
+
+    def sentence(rs, maj, cids, here, there):
+        return (f"{_ranks_word(rs)} {here} the FX graph cache where {_ranks_word(maj)} {there}, on {_cids_text(cids)}: "
+                f"{'a cache miss recompiles the graph from scratch, so that rank starts later and the others wait for it at the first collective' if 'miss' in here else 'those ranks compiled from scratch while this one reused cached graphs'}")
+    return _grouped("cache_pattern", per_cid, sentence)
+
+
+def _pattern_word(p: str) -> str:
+    kinds = set(p.split(","))
+    if kinds == {"hit"}:
+        return "hit"
+    if kinds == {"miss"}:
+        return "missed"
+    if kinds == {"bypass"}:
+        return "bypassed"
+    return f"had {p.replace(',', ', ')}"
+
+
+def _tensor_meta_rows(ev: pl.DataFrame) -> list[dict]:
+    t = ev.filter(pl.col("kind") == "graph_inputs")
+    if t.height == 0:
+        return []
+    sig = t.group_by("rank", "_cid", maintain_order=True).agg(pl.col("reason").first().alias("_sig"))
+    per_cid = []
+    for cid, vals in _per_cid_values(sig, "_sig").items():
+        if len(vals) < 2 or len(set(vals.values())) < 2:
+            continue
+        maj_r, maj_v, odd = _odd_groups(vals)
+        for rs, v in odd:
+            here, there = _input_diff(v or "", maj_v or "")
+            per_cid.append((cid, rs, maj_r, here, there, len(vals)))
+
+    def sentence(rs, maj, cids, here, there):
+        return (f"on {_cids_text(cids)} the compiled graph's inputs differ: {here} on {_ranks_word(rs)} vs {there} "
+                f"on {_ranks_word(maj)}: the ranks compiled different graphs for different shapes")
+    return _grouped("tensor_meta", per_cid, sentence)
+
+
+def _input_diff(a: str, b: str, k: int = 2) -> tuple[str, str]:
+    """The inputs that differ between two `name: f32[4, 16]; ...` signatures, at most k of them named."""
+    da = dict(x.split(": ", 1) if ": " in x else (x, "?") for x in a.split("; ") if x)
+    db = dict(x.split(": ", 1) if ": " in x else (x, "?") for x in b.split("; ") if x)
+    names = [n for n in dict.fromkeys([*da, *db]) if da.get(n) != db.get(n)]
+    more = f" (and {len(names) - k} more inputs)" if len(names) > k else ""
+    here = ", ".join(f"{n} {da.get(n, 'absent')}" for n in names[:k]) + more
+    there = ", ".join(f"{n} {db.get(n, 'absent')}" for n in names[:k]) + more
+    return here or "the same inputs in another order", there or "theirs"
+
+
 DERIVED = {
     "compile_evidence": compile_evidence,
     "compile_frames": compile_frames,
@@ -494,6 +782,8 @@ DERIVED = {
     "compile_cache_divergence": compile_cache_divergence,
     "graph_collectives": graph_collectives,
     "compile_time": compile_time,
+    "compile_failures": compile_failures,
+    "compile_rank_divergence": compile_rank_divergence,
 }
 NEEDS = {
     "compile_evidence": ["compile_events"],
@@ -503,4 +793,6 @@ NEEDS = {
     "compile_cache_divergence": ["compile_events"],
     "graph_collectives": ["compile_events"],
     "compile_time": ["compile_events"],
+    "compile_failures": ["compile_events"],
+    "compile_rank_divergence": ["compile_events"],
 }
