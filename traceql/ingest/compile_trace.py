@@ -379,9 +379,10 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
                               "is it a TORCH_TRACE log written by torch >= 2.2?")
         raise IngestError(f"{path.name}: TORCH_TRACE log holds no records; re-run with TORCH_TRACE set and let the job compile")
 
-    if not has_metrics and starts:
-        # torch < 2.4 (no compilation_metrics in TORCH_TRACE): dynamo_start's stack ends at the *caller* of the
-        # compiled frame, which is not on it; the frame is named by its graph's first user-code node where it has one
+    if not has_metrics and any(_torch_internal(fr) for _, fr, _ in starts):
+        # torch < 2.4 (no compilation_metrics in TORCH_TRACE, and stacks that end inside torch, at eval_frame's _fn):
+        # dynamo_start's stack ends at the *caller* of the compiled frame, which is not on it; the frame is named by
+        # its graph's first user-code node where it has one
         starts = [(b, graph_fn.get(b["compile_id"], (None, None, None)), fr[0]) for b, fr, _ in starts]
         for i in range(1, len(starts)):
             # a resume function calling the next compiled frame was itself compiled just before it (a resume frame
@@ -495,6 +496,12 @@ def _graph_rows(base: dict, text: str, graph: str, graph_no: dict) -> list[dict]
 
 
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(\w+?)_at_(\d+)$")
+_WRAPPERS = {"_fn", "_call_impl", "_wrapped_call_impl", "compile_wrapper", "__call__"}
+
+
+def _torch_internal(fr: tuple) -> bool:
+    """Whether a stack frame (function, file, line) is torch's own code, not the user's."""
+    return fr[0] in _WRAPPERS or "/torch/" in str(fr[1] or "")
 
 
 def _fallbacks(rows: list[dict], starts: list[tuple[dict, tuple, str | None]]) -> None:
