@@ -304,7 +304,9 @@ def compile_cache_divergence(run: Run) -> pl.DataFrame:
 
     # (b) compile ids some ranks compiled and others have no record of: the minority is the odd one out; on a tie a
     # recompile (C > 0, or a restart) is the extra, a first compile is the missing one
-    for r in seen.join(c.select("_cid").unique(), on="_cid").sort("_cid").iter_rows(named=True):
+    # every compile id counts here, not only those that produced an FX graph: a frame some ranks traced and others
+    # never reached is the divergence, whether or not it reached inductor
+    for r in seen.sort("_cid").iter_rows(named=True):
         present = [x for x in r["_present"] if x in ranks]
         absent = [x for x in ranks if x not in present]
         if not absent or not present:
@@ -369,6 +371,88 @@ def compile_cache_divergence(run: Run) -> pl.DataFrame:
     rows = [_divergence_row(acc, rank in partial) for (rank, _), acc in per.items()]
     return pl.DataFrame(rows, schema=schema).sort("compile_id", "rank")
 
+
+
+def compile_divergence_groups(run: Run) -> pl.DataFrame:
+    """compile_cache_divergence with the odd ranks grouped as people read them ("ranks 3-4 vs 0-2"): one row per
+    kind of divergence and group of ranks that diverge alike, over every compile id where they do (listed in full
+    in compile_ids, summarised in `note`). Key divergences group by the differing component names; missing and
+    extra compile ids by the ranks that have them."""
+    schema = {"ranks": pl.List(pl.Int32), "ranks_text": pl.Utf8, "divergence": pl.Utf8, "compile_id": pl.Utf8,
+              "compile_ids": pl.Utf8, "n_compile_ids": pl.UInt32, "graphs": pl.Utf8, "n_graphs": pl.Int64,
+              "cache_key": pl.Utf8, "majority_key": pl.Utf8, "majority_ranks": pl.Utf8, "n_ranks": pl.UInt32,
+              "n_differing": pl.Int64, "differing": pl.Utf8, "differing_values": pl.Utf8, "graphs_here": pl.Int64,
+              "graphs_majority": pl.Int64, "present_on": pl.Utf8, "missing_on": pl.Utf8, "truncated": pl.Boolean,
+              "note": pl.Utf8}
+    div = _ensure(run, "compile_cache_divergence")
+    if div.height == 0:
+        return pl.DataFrame(schema=schema)
+    partial = {s.rank for s in run.sources if s.kind == "torch_trace" and s.status == "partial" and s.rank is not None}
+    groups: dict[tuple, list[dict]] = {}
+    for r in div.sort("compile_id", "rank").iter_rows(named=True):
+        d = r["divergence"]
+        if d in ("missing", "extra"):
+            key = (d, r["present_on"], r["missing_on"])
+        elif d == "key":
+            key = (d, r["differing"], r["majority_ranks"], r["compile_id"] if r["differing"] is None else None)
+        else:
+            key = (d, r["compile_id"], r["graphs_here"], r["graphs_majority"])
+        groups.setdefault(key, []).append(r)
+    rows = []
+    for key, items in groups.items():
+        # the ranks of a group: those odd on every compile id of it (a rank odd on fewer forms its own group)
+        by_rank: dict[int, list[str]] = {}
+        for it in items:
+            by_rank.setdefault(it["rank"], []).append(it["compile_id"])
+        by_cids: dict[tuple, list[int]] = {}
+        for rank, cids in by_rank.items():
+            by_cids.setdefault(tuple(sorted(set(cids), key=_cid_order)), []).append(rank)
+        for cids, ranks in by_cids.items():
+            first = next(it for it in items if it["rank"] == ranks[0] and it["compile_id"] == cids[0])
+            rows.append(_group_row(first, sorted(ranks), list(cids), any(x in partial for x in ranks)))
+    return pl.DataFrame(rows, schema=schema).sort("compile_id", "ranks_text")
+
+
+def _group_row(r: dict, ranks: list[int], cids: list[str], truncated: bool) -> dict:
+    d = r["divergence"]
+    who, one = _ranks_word(ranks), len(ranks) == 1
+    what = (f"compile {cids[0]}" if len(cids) == 1 else f"compile ids {summarise(cids)}")
+    present, missing = (r["present_on"] or "").split(","), (r["missing_on"] or "").split(",")
+    if d == "missing":
+        others = _ranks_word([int(x) for x in present if x])
+        logs = f"{who}'s compile log has" if one else f"the compile logs of {who} have"
+        note = (f"{what} {'is' if len(cids) == 1 else 'are'} missing: {others} compiled "
+                f"{'it' if len(cids) == 1 else 'them'} ({r['graphs_majority']} FX graph(s)"
+                f"{'' if len(cids) == 1 else ' for the first'}), {logs} no record of {'it' if len(cids) == 1 else 'them'}"
+                + (" (its log is truncated: it may have compiled it after the log ends)" if truncated else
+                   ": the ranks compiled different code, so graphs do not line up across ranks"))
+    elif d == "extra":
+        others = _ranks_word([int(x) for x in missing if x])
+        note = (f"{what} {'is' if len(cids) == 1 else 'are'} extra: {who} compiled {'it' if len(cids) == 1 else 'them'} "
+                f"({r['graphs_here']} FX graph(s){'' if len(cids) == 1 else ' for the first'}), {others} "
+                f"{'has' if len(missing) == 1 else 'have'} no record of {'it' if len(cids) == 1 else 'them'}: the ranks "
+                "compiled different code (a rank-specific recompile or graph break)")
+    elif d == "key":
+        values = (r["differing_values"] or "").split("; ")
+        shown = "; ".join(values[:3]) + (f"; and {len(values) - 3} more components (all in the evidence)" if len(values) > 3 else "")
+        count = (f"; and {r['graphs_here']} FX graph(s) here vs {r['graphs_majority']} on {_ranks_word(_parse(r['majority_ranks']))}"
+                 if r["graphs_here"] is not None else "")
+        note = (f"{what} {'has' if len(cids) == 1 else 'have'} {r['n_graphs']} FX graph(s)"
+                f"{'' if len(cids) == 1 else ' (in the first)'} whose cache key differs from "
+                f"{_ranks_word(_parse(r['majority_ranks']))} (first: {r['cache_key']} vs {r['majority_key']}); "
+                f"differing components: {shown}{count}")
+    else:
+        note = (f"{what} logged a different number of FX graphs: {r['graphs_here']} FX graph(s) on {who} vs "
+                f"{r['graphs_majority']} on {_ranks_word(_parse(r['majority_ranks']))}; the graphs that pair have the same cache keys")
+    return {**{k: r[k] for k in ("divergence", "graphs", "n_graphs", "cache_key", "majority_key", "majority_ranks",
+                                 "n_ranks", "n_differing", "differing", "differing_values", "graphs_here",
+                                 "graphs_majority", "present_on", "missing_on")},
+            "ranks": ranks, "ranks_text": format_ranks(ranks), "compile_id": cids[0], "compile_ids": ",".join(cids),
+            "n_compile_ids": len(cids), "truncated": truncated, "note": f"{who}: {note}"}
+
+
+def _parse(ranks_csv: str | None) -> list[int]:
+    return [int(x) for x in (ranks_csv or "").split(",") if x.strip().lstrip("-").isdigit()]
 
 _DEVICE_INDEX = re.compile(r"index=\d+|cuda:\d+")
 
@@ -783,6 +867,7 @@ DERIVED = {
     "graph_collectives": graph_collectives,
     "compile_time": compile_time,
     "compile_failures": compile_failures,
+    "compile_divergence_groups": compile_divergence_groups,
     "compile_rank_divergence": compile_rank_divergence,
 }
 NEEDS = {
@@ -794,5 +879,6 @@ NEEDS = {
     "graph_collectives": ["compile_events"],
     "compile_time": ["compile_events"],
     "compile_failures": ["compile_events"],
+    "compile_divergence_groups": ["compile_events"],
     "compile_rank_divergence": ["compile_events"],
 }
