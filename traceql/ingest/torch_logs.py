@@ -43,6 +43,8 @@ _RECOMPILING = re.compile(r"Recompiling function (\S+) in (.+):(\d+)")
 _LIMIT = re.compile(r"torch\._dynamo hit config\.(\w+) \((\d+)\)")
 _FILE = re.compile(r'File "([^"]+)", line (\d+)')
 _FAILURE = re.compile(r"^\s*- (.+)$")
+_OLD_FAILURE = re.compile(r"triggered by the following guard failure: (.+?)[\"']\)\s*$", re.M)
+_IN_FN = re.compile(r'File "[^"]+", line \d+, in (<resume in \w+>|\w+)')
 _LIMIT_FN = re.compile(r"function: '([^']+)' \((.+):(\d+)\)")
 
 
@@ -121,6 +123,8 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
                 continue
             seen_recompile.add(key)
             failures = [fm.group(1).strip() for ln in lines if (fm := _FAILURE.match(ln))]
+            if not failures and (om := _OLD_FAILURE.search(text)):  # torch 2.1 logs a tuple's repr on one line
+                failures = [om.group(1)]
             row = {**base, "kind": "recompile", "function": m.group(1), "filename": m.group(2),
                    "line": int(m.group(3)), "reason": "\n".join(failures) or None,
                    "guard": guard_text(failures[0]) if failures else None,
@@ -140,6 +144,8 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
         elif art == "__graph_breaks" and ("Graph break in user code" in text or "Graph Break Reason" in text
                                           or "Graph break: " in text):
             gb = graph_break(text)
+            if base.get("function") is None and (fn := _IN_FN.search(text)):  # the broken frame, where no id names it
+                base = {**base, "function": fn.group(1)}
             rows.append({**base, "kind": "graph_break", "reason": gb["reason"], "user_frame": gb["user_frame"],
                          "detail": {**det, **gb["detail"]}})
         elif text.startswith("Graph break from "):  # the warning torch prints without TORCH_LOGS (older wording too)

@@ -42,9 +42,10 @@ def compile_evidence(run: Run) -> pl.DataFrame:
         return ce
     kinds = {s.id: s.kind for s in run.sources}
     known = ce["rank"].drop_nulls().unique()
-    if known.len() == 1 and ce["rank"].null_count():
-        # a single-process run: logs that name no rank (TORCH_LOGS without [rankN]:, debug folders) are that rank's
-        ce = ce.with_columns(pl.col("rank").fill_null(known[0]))
+    if known.len() <= 1 and ce["rank"].null_count():
+        # a single-process run: logs that name no rank (TORCH_LOGS without [rankN]:, debug folders) are that rank's,
+        # and rank 0 where no log names one (a single process, as compile_trace assumes too)
+        ce = ce.with_columns(pl.col("rank").fill_null(known[0] if known.len() else 0))
     ce = ce.with_columns(
         pl.col("source").replace_strict(kinds, default="unknown", return_dtype=pl.Utf8).alias("_sk"),
     ).with_columns(pl.col("_sk").replace_strict(_PRIORITY, default=9, return_dtype=pl.Int32).alias("_prio"))
@@ -219,7 +220,9 @@ def graph_break_cost(run: Run) -> pl.DataFrame:
            .join(traced_ranks, on="rank", how="left", nulls_equal=True))
     out = out.with_columns(
         pl.col("traced").fill_null(False),
-        pl.format("{}:{}", pl.col("filename").fill_null("?"), pl.col("line").fill_null(0)).alias("location"),
+        # a log that names no frame (TORCH_LOGS of torch <= 2.3 without TORCH_TRACE): the user line stands in
+        pl.when(pl.col("filename").is_null() & pl.col("user_frame").is_not_null()).then(pl.col("user_frame"))
+        .otherwise(pl.format("{}:{}", pl.col("filename").fill_null("?"), pl.col("line").fill_null(0))).alias("location"),
     ).with_columns(
         pl.when(pl.col("traced")).then(pl.col("steps_with_calls").fill_null(0)).alias("steps_with_calls"),
         pl.when(pl.col("traced") & (pl.col("n_steps") > 0)).then(pl.col("_calls").fill_null(0) / pl.col("n_steps")).alias("calls_per_step"),
@@ -347,7 +350,7 @@ def compile_cache_divergence(run: Run) -> pl.DataFrame:
         if mine is None or theirs is None:
             acc["unknown"] = True
             continue
-        for n in sorted(set(mine) | set(theirs)):
+        for n in sorted(set(mine) | set(theirs), key=_natural):  # example_inputs[2] before [10]
             a, b = (mine.get(n) or {}).get("value"), (theirs.get(n) or {}).get("value")
             if _only_device_differs(a, b):
                 continue  # this input differs only by its rank's own GPU index: not the difference to name
@@ -677,6 +680,10 @@ def compile_failures(run: Run) -> pl.DataFrame:
                      "backend": r0["backend"], "category": r0["category"], "outcome": outcome,
                      "user_frame": r0["user_frame"], "note": note})
     return pl.DataFrame(rows, schema=schema)
+
+
+def _natural(name: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 def _cid_order(cid: str):
