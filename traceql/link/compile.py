@@ -289,10 +289,12 @@ def compile_cache_divergence(run: Run) -> pl.DataFrame:
     ranks = sorted(c["rank"].unique().to_list())
     n_all = len(ranks)
     # which of those ranks have any record of a compile id (its compile metrics or any cache event)
-    seen = (ev.filter(pl.col("rank").is_in(ranks) & pl.col("_cid").is_not_null()
+    # by compile id F/C, not by restart attempt: a rank that restarted F/C at a graph break (F/C_1) still has F/C
+    seen = (ev.filter(pl.col("rank").is_in(ranks) & pl.col("compile_id").is_not_null()
                       & pl.col("kind").is_in(["compile", "cache_hit", "cache_miss", "cache_bypass"]))
-            .group_by("_cid").agg(pl.col("rank").unique().sort().alias("_present")))
+            .group_by(pl.col("compile_id").alias("_cid")).agg(pl.col("rank").unique().sort().alias("_present")))
     counts = c.group_by("_cid", "rank").agg(pl.len().cast(pl.Int64).alias("_n"))
+    counts_f = c.group_by(pl.col("compile_id").alias("_cid"), "rank").agg(pl.len().cast(pl.Int64).alias("_n"))
     logs = set(c["source"].unique().to_list())
     partial = {s.rank for s in run.sources if s.id in logs and s.status == "partial" and s.rank is not None}
 
@@ -316,7 +318,7 @@ def compile_cache_divergence(run: Run) -> pl.DataFrame:
             continue
         recompile = bool(re.search(r"/[1-9]\d*(?:_\d+)?$|_\d+$", r["_cid"]))
         extra = len(present) < len(absent) or (len(present) == len(absent) and recompile)
-        n_graphs = {k: v for k, v in counts.filter(pl.col("_cid") == r["_cid"]).select("rank", "_n").iter_rows()}
+        n_graphs = {k: v for k, v in counts_f.filter(pl.col("_cid") == r["_cid"]).select("rank", "_n").iter_rows()}
         for odd in (present if extra else absent):
             acc = row(odd, r["_cid"], "extra" if extra else "missing")
             acc["present_on"], acc["missing_on"] = _ranks(present), _ranks(absent)
@@ -733,7 +735,8 @@ def compile_rank_divergence(run: Run) -> pl.DataFrame:
     ev = _trace_ranks(run, ev)
     if ev.height == 0 or ev["rank"].n_unique() < 2:
         return pl.DataFrame(schema=_DIV_SCHEMA)
-    ev = ev.with_columns(_cid_with_restart().alias("_cid"))
+    # compared by compile id F/C: a restart attempt (F/C_1, after a graph break) is the same frame's compile
+    ev = ev.with_columns(pl.col("compile_id").alias("_cid"))
     rows = _schedule_rows(ev) + _cache_pattern_rows(ev) + _tensor_meta_rows(ev)
     return pl.DataFrame(rows, schema=_DIV_SCHEMA) if rows else pl.DataFrame(schema=_DIV_SCHEMA)
 
@@ -758,10 +761,19 @@ def _schedule_rows(ev: pl.DataFrame) -> list[dict]:
     sched = (g.sort("op_index").group_by("rank", "_cid", maintain_order=True)
              .agg(pl.col("op").filter(pl.col("op").str.contains(_COLLECTIVE.pattern)
                                       & ~pl.col("op").str.contains(_WAIT.pattern)).alias("_ops")))
+    per_cid = _per_cid_values(sched.with_columns(
+        pl.col("_ops").list.eval(pl.element().map_elements(_short_coll, return_dtype=pl.Utf8)).list.join(" -> ")
+        .alias("_s")), "_s")
+    # a rank's whole schedule, its graphs in compile order: where every rank's agrees, the collectives still pair up
+    # at run time even if they sit in other graphs (a rank-specific graph break moves them into the resume frame)
+    whole: dict[int, list[str]] = {}
+    for cid in sorted(per_cid, key=_cid_order):
+        for rank, v in per_cid[cid].items():
+            whole.setdefault(rank, []).extend(x for x in (v or "").split(" -> ") if x)
+    if len({tuple(v) for v in whole.values()}) < 2:
+        return []
     rows = []
-    for cid, vals in sorted(_per_cid_values(sched.with_columns(
-            pl.col("_ops").list.eval(pl.element().map_elements(_short_coll, return_dtype=pl.Utf8)).list.join(" -> ")
-            .alias("_s")), "_s").items(), key=lambda kv: _cid_order(kv[0])):
+    for cid, vals in sorted(per_cid.items(), key=lambda kv: _cid_order(kv[0])):
         if len(vals) < 2 or len(set(vals.values())) < 2:
             continue
         maj_r, maj_v, odd = _odd_groups(vals)
@@ -772,7 +784,7 @@ def _schedule_rows(ev: pl.DataFrame) -> list[dict]:
                          "here": here, "majority": there,
                          "note": (f"compile {cid}: the compiled graph on {_ranks_word(rs)} issues {_clip(here)}, on "
                                   f"{_ranks_word(maj_r)} {_clip(there)}: the ranks' collectives no longer pair up "
-                                  "in order")})
+                                  "in order, unless the others issue the difference in eager code")})
     return rows
 
 
