@@ -69,7 +69,7 @@ _CACHE_ARTIFACTS = {
 }
 # Kinds whose payload we need; every other payload is skipped without being kept in memory.
 _NEED_PAYLOAD_ARTIFACTS = {"dynamo_graph_break_reason", "recompile_reasons", "inductor_post_grad_graph",
-                           *_CACHE_ARTIFACTS}
+                           "fx_graph_cache_hash", *_CACHE_ARTIFACTS}
 _NEED_PAYLOAD_KINDS = {"dynamo_output_graph", "inductor_post_grad_graph", "optimize_ddp_split_child"}
 
 _COMPONENT = re.compile(r"^\[(\w+)\] ([^:]+?): ?(.*)$", re.S)
@@ -332,14 +332,18 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
                 rows.append({**base, "kind": "recompile", "reason": "\n".join(reasons) or None,
                              "guard": _guard_text(reasons[0] if reasons else None),
                              "detail": {"failed_guards": reasons[:16], "n_failed": len(reasons)}})
-            elif name in _CACHE_ARTIFACTS:
-                k, cache = _CACHE_ARTIFACTS[name]
+            elif name in _CACHE_ARTIFACTS or name == "fx_graph_cache_hash":
                 try:
                     info = orjson.loads(text) if text.strip() else {}
                 except orjson.JSONDecodeError:
                     info = {}
                 if not isinstance(info, dict):
                     info = {}
+                if name == "fx_graph_cache_hash":  # torch 2.5: one artifact, its cache_state says hit or miss
+                    name = f"fx_graph_cache_{info.get('cache_state') or 'miss'}"
+                    if name not in _CACHE_ARTIFACTS:
+                        name = "fx_graph_cache_bypass"
+                k, cache = _CACHE_ARTIFACTS[name]
                 comps = parse_components(info.get("components"))
                 seq = None
                 if cache == "fx_graph":

@@ -1,7 +1,8 @@
 """Copy one capture (TORCH_TRACE logs under tt/, TORCH_LOGS in stderr) into fixtures/NAME, keeping only the records
 traceql reads, so that a fixture stays a few KB: str, dynamo_start, compilation_metrics, the first chromium_event
 (the clock anchor), dynamo_output_graph, inductor_post_grad_graph, the DDP split records, and the artifacts
-dynamo_graph_break_reason, recompile_reasons, inductor_post_grad_graph and the FX/AOT cache hit/miss/bypass ones.
+dynamo_graph_break_reason, recompile_reasons, inductor_post_grad_graph and the FX/AOT cache ones
+(hit/miss/bypass; fx_graph_cache_hash in torch 2.5).
 Everything else (guards, describe_*, output code, provenance, ...) is dropped; what is kept is byte for byte as
 captured. Usage: python make_fixture.py CAPTURE_DIR FIXTURE_DIR MANIFEST_JSON [STDERR_NAME]
 """
@@ -16,7 +17,7 @@ KEEP = {"str", "dynamo_start", "compilation_metrics", "bwd_compilation_metrics",
         "inductor_post_grad_graph", "optimize_ddp_split_graph", "optimize_ddp_split_child"}
 KEEP_ARTIFACTS = {"dynamo_graph_break_reason", "recompile_reasons", "inductor_post_grad_graph", "fx_graph_cache_hit",
                   "fx_graph_cache_miss", "fx_graph_cache_bypass", "aotautograd_cache_hit", "aotautograd_cache_miss",
-                  "aotautograd_cache_bypass", "inductor_collective_schedule"}
+                  "aotautograd_cache_bypass", "inductor_collective_schedule", "fx_graph_cache_hash"}
 HEAD = re.compile(r"^(?:\[rank\d+\]:)?[VIWEC]\d{4} [^\]]*\] (\{.*)$")
 
 
