@@ -132,7 +132,9 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
             if base["frame_id"] is None:
                 _stand_in_frame(row, frames)
             rows.append(row)
-        elif (wc := wont_convert(text)) is not None:  # a frame whose compile raised, run eager (suppress_errors)
+        elif meta["level"] in ("W", "E", "WARNING", "ERROR") and (wc := wont_convert(text)) is not None:
+            # a frame whose compile raised, run eager (suppress_errors); at INFO level torch reports frames it skips
+            # on purpose (generators, its own files) the same way: those are no failures
             row = {**base, "kind": "compile_failure", "function": wc["function"], "filename": wc["filename"],
                    "line": wc["line"], "reason": wc["fail_reason"], "op": wc["fail_type"],
                    "detail": {**det, **{k: v for k, v in wc.items() if k in ("fail_type", "fail_reason", "backend",
