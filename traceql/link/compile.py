@@ -205,6 +205,9 @@ def graph_break_cost(run: Run) -> pl.DataFrame:
     if gb.height == 0:
         return pl.DataFrame(schema=schema)
     gb = gb.unique(subset=["rank", "compile_id", "reason", "user_frame"], keep="first", maintain_order=True)
+    # torch < 2.4 TORCH_TRACE shows a graph break only as its resume frame: the reason is in TORCH_LOGS alone
+    gb = gb.with_columns(pl.col("reason").fill_null("reason not in this log (torch < 2.4 TORCH_TRACE; "
+                                                    "TORCH_LOGS=graph_breaks prints it)"))
     regions = _ensure(run, "compiled_regions")
     reg = regions.filter(pl.col("what") == "region")
     steps = _steps(run)
