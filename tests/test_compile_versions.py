@@ -1,6 +1,6 @@
 """The same program (benchmarks/compile_programs/versions/probe.py: two graph breaks in forward, a recompile storm
 that reaches the recompile limit, a backend that raises under suppress_errors=True) captured with torch 2.1.2,
-2.3.1 and 2.13.0, whose TORCH_TRACE / TORCH_LOGS encodings differ. Each version's logs must give the same facts."""
+2.3.1, 2.5.1 and 2.13.0, whose TORCH_TRACE / TORCH_LOGS encodings differ. Each version's logs must give the same facts."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from conftest import FIXTURES, REPO
 from traceql import link
 
-PROBES = {"2.13": FIXTURES / "compile-torch213-probe", "2.3": FIXTURES / "compile-torch231-probe",
-          "2.1": FIXTURES / "compile-torch212-probe"}
+PROBES = {"2.13": FIXTURES / "compile-torch213-probe", "2.5": FIXTURES / "compile-torch251-probe",
+          "2.3": FIXTURES / "compile-torch231-probe", "2.1": FIXTURES / "compile-torch212-probe"}
 PROBE = "benchmarks/compile_programs/versions/probe.py"
 
 
@@ -46,7 +46,8 @@ def test_each_version_counts_two_graph_breaks_at_their_user_lines(version):
     assert gb["reason"].null_count() == 0  # every version says why (from TORCH_LOGS where TORCH_TRACE does not)
 
 
-@pytest.mark.parametrize("version,recompiles,limit", [("2.13", 8, True), ("2.3", 8, True), ("2.1", 11, False)])
+@pytest.mark.parametrize("version,recompiles,limit", [("2.13", 8, True), ("2.5", 8, True), ("2.3", 8, True),
+                                                                ("2.1", 11, False)])
 def test_each_version_counts_the_recompile_storm(version, recompiles, limit):
     frames = link.ensure(_run(PROBES[version]), "compile_frames").filter(pl.col("function") == "storm")
     assert frames.height == 1, frames
@@ -108,3 +109,12 @@ def test_probe_messages_name_the_version_independent_facts():
         msgs = [f.message for f in _findings(path, "TQL402")]
         assert len(msgs) == 2, version
         assert any(f"{PROBE}:21" in m for m in msgs) and any(f"{PROBE}:22" in m for m in msgs), (version, msgs)
+
+
+def test_torch_2_5_cache_hash_artifact_reads_as_hits_and_misses():
+    # torch 2.5 logs one fx_graph_cache_hash artifact per graph, its cache_state saying hit or miss
+    ev = _evidence(PROBES["2.5"])
+    assert ev.filter(pl.col("kind") == "cache_miss").height == 12 and ev["cache_key"].drop_nulls().str.starts_with("f").all()
+    # its graph breaks come from restart_reasons (no user line), so TORCH_LOGS' reports, which name it, are used
+    gb = ev.filter(pl.col("kind") == "graph_break")
+    assert gb["user_frame"].null_count() == 0 and gb["reason"].to_list()[0] == "Tensor.item"

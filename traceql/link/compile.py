@@ -51,8 +51,10 @@ def compile_evidence(run: Run) -> pl.DataFrame:
     ).with_columns(pl.col("_sk").replace_strict(_PRIORITY, default=9, return_dtype=pl.Int32).alias("_prio"))
     # torch < 2.4 TORCH_TRACE logs imply recompiles and graph breaks without their reasons (traceql infers them
     # from frame ids and resume frames): a source of the same rank that has the reasons (TORCH_LOGS) wins then
-    reasonless = (pl.col("kind").is_in(["recompile", "graph_break"])
-                  & pl.col("reason").is_null().all().over("rank", "kind", "source"))
+    reasonless = ((pl.col("kind").is_in(["recompile", "graph_break"])
+                   & pl.col("reason").is_null().all().over("rank", "kind", "source"))
+                  # torch 2.5's restart_reasons give a graph break's reason but not its user line
+                  | ((pl.col("kind") == "graph_break") & pl.col("user_frame").is_null().all().over("rank", "kind", "source")))
     ce = ce.with_columns(pl.when(reasonless).then(pl.col("_prio") + 10).otherwise(pl.col("_prio")).alias("_prio"))
     best = ce.group_by("rank", "kind").agg(pl.col("_prio").min().alias("_best"))
     ce = ce.join(best, on=["rank", "kind"], how="left", nulls_equal=True)
@@ -658,9 +660,19 @@ def compile_failures(run: Run) -> pl.DataFrame:
     f = ev.filter(pl.col("kind") == "compile_failure")
     if f.height == 0:
         return pl.DataFrame(schema=schema)
+    # whether suppress_errors was on: torch >= 2.6 metrics say so; before, a WON'T CONVERT report in TORCH_LOGS does
+    said = (run.table("compile_events").filter((pl.col("kind") == "compile_failure")
+                                                & (_detail_field("suppress_errors") == "true"))
+            .select(pl.col("rank").alias("_srank"), "function").unique().with_columns(pl.lit(True).alias("_said")))
+    # a log that names no rank (single-process stderr) speaks for the rank its failure is on
+    pairs = (f.select("rank", "function").unique().join(said, on="function")
+             .filter(pl.col("_srank").is_null() | (pl.col("_srank") == pl.col("rank")))
+             .select("rank", "function", "_said").unique())
+    f = f.join(pairs, on=["rank", "function"], how="left", nulls_equal=True)
     f = f.with_columns(
         _detail_field("backend").alias("backend"), _detail_field("category").alias("category"),
-        (_detail_field("suppress_errors") == "true").alias("_sup"),
+        pl.coalesce(pl.when(_detail_field("suppress_errors").is_not_null()).then(_detail_field("suppress_errors") == "true"),
+                    pl.col("_said")).alias("_sup"),
         pl.format("{}:{}", pl.col("filename").fill_null("?"), pl.col("line").fill_null(0)).alias("location"),
         pl.col("op").fill_null("unknown").alias("fail_type"))
     all_ranks = ev["rank"].drop_nulls().unique().len()
