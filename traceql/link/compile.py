@@ -596,7 +596,7 @@ def compile_time(run: Run) -> pl.DataFrame:
     share of both, and how the rank's compile time compares with the median across ranks."""
     schema = {"rank": pl.Int32, "compile_s": pl.Float64, "compiles": pl.UInt32, "steps_s": pl.Float64,
               "n_steps": pl.UInt32, "share_pct": pl.Float64, "across_median_s": pl.Float64, "ratio": pl.Float64,
-              "skew_s": pl.Float64, "n_ranks": pl.UInt32}
+              "skew_s": pl.Float64, "n_ranks": pl.UInt32, "steps_note": pl.Utf8}
     ev = _ensure(run, "compile_evidence")
     c = ev.filter((pl.col("kind") == "compile") & pl.col("dur").is_not_null() & pl.col("rank").is_not_null())
     if c.height == 0:
@@ -611,6 +611,11 @@ def compile_time(run: Run) -> pl.DataFrame:
     ).with_columns(
         (pl.col("compile_s") / pl.col("across_median_s")).alias("ratio"),
         (pl.col("compile_s") - pl.col("across_median_s")).alias("skew_s"),
+    ).with_columns(
+        pl.when(pl.col("share_pct").is_not_null()).then(pl.format(
+            "{}% of compile plus recorded step time ({} s over {} steps)", pl.col("share_pct").round(0).cast(pl.Int64),
+            pl.col("steps_s").round(2), pl.col("n_steps")))
+        .otherwise(pl.lit("no step times recorded (no profiler trace of this rank)")).alias("steps_note"),
     )
     return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank")
 
