@@ -691,7 +691,7 @@ def compile_failures(run: Run) -> pl.DataFrame:
         outcome = ("suppress_errors=True: the frame runs in eager mode, without its compiled speed-up" if sup and all(sup)
                    else "the error reached the program (it stopped, or caught it)" if sup and not any(sup)
                    else "the frame was not compiled")
-        where = (_ranks_word(ranks) if len(ranks) < all_ranks or all_ranks > 1 else _ranks_word(ranks))
+        where = _ranks_word(ranks) + (f" of {all_ranks}" if 1 < len(ranks) < all_ranks else "")
         backend = f" (backend {r0['backend']})" if r0["backend"] else ""
         cid_text = f"compile {summarise(cids)}" if cids else "a compile"
         note = (f"{cid_text} of {r0['function'] or '?'} ({r0['location']}) failed on {where}: {r0['fail_type']}"
@@ -761,11 +761,6 @@ def compile_rank_divergence(run: Run) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=_DIV_SCHEMA) if rows else pl.DataFrame(schema=_DIV_SCHEMA)
 
 
-def _short_coll(op: str) -> str:
-    op = re.sub(r"^(?:torch\.ops\.)?_?c10d_functional\.", "", op)
-    return re.sub(r"\.default$", "", op).rstrip("_")
-
-
 def _schedule_rows(ev: pl.DataFrame) -> list[dict]:
     g = ev.filter(pl.col("kind") == "graph_op")
     if g.height == 0:
@@ -781,9 +776,9 @@ def _schedule_rows(ev: pl.DataFrame) -> list[dict]:
     sched = (g.sort("op_index").group_by("rank", "_cid", maintain_order=True)
              .agg(pl.col("op").filter(pl.col("op").str.contains(_COLLECTIVE.pattern)
                                       & ~pl.col("op").str.contains(_WAIT.pattern)).alias("_ops")))
-    per_cid = _per_cid_values(sched.with_columns(
-        pl.col("_ops").list.eval(pl.element().map_elements(_short_coll, return_dtype=pl.Utf8)).list.join(" -> ")
-        .alias("_s")), "_s")
+    short = (pl.element().str.replace(r"^(?:torch\.ops\.)?_?c10d_functional\.", "").str.replace(r"\.default$", "")
+             .str.strip_chars_end("_"))
+    per_cid = _per_cid_values(sched.with_columns(pl.col("_ops").list.eval(short).list.join(" -> ").alias("_s")), "_s")
     # a rank's whole schedule, its graphs in compile order: where every rank's agrees, the collectives still pair up
     # at run time even if they sit in other graphs (a rank-specific graph break moves them into the resume frame)
     whole: dict[int, list[str]] = {}

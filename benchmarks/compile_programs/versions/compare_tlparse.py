@@ -1,7 +1,8 @@
 """Compile ids (restart attempts included) and graph breaks per rank: traceql against tlparse 0.4.3's compile_directory.json,
 on the reference corpus (TRACEQL_CORPUS or ../shared/corpus). Usage: python benchmarks/compile_programs/versions/compare_tlparse.py"""
 import os
-import json, re, sys
+import json
+import re
 from pathlib import Path
 import polars as pl
 from traceql.pipeline import load_run
