@@ -103,7 +103,7 @@ def test_a_compile_id_missing_on_one_rank_is_named_with_the_ranks_that_have_it(t
 
     by_cid = {f.location["compile_id"]: f for f in _findings(d)}
     assert set(by_cid) == {"4/0", "5/0"} and by_cid["5/0"].ranks == [1]
-    assert by_cid["5/0"].message.startswith("rank 1: compile 5/0 is missing: rank(s) 0 compiled it (1 FX graph(s)), "
+    assert by_cid["5/0"].message.startswith("rank 1: compile 5/0 is missing: rank 0 compiled it (1 FX graph(s)), "
                                             "rank 1's compile log has no record of it")
     assert by_cid["5/0"].evidence["missing_on"] == "1"
 
@@ -149,7 +149,7 @@ def test_a_missing_graph_within_a_compile_id_is_a_count_not_a_key_difference(tmp
         (1, "4/0", "graphs", 5, 6, "0")]
     assert div["differing"].to_list() == [None]
     (f,) = _findings(d)
-    assert "5 FX graph(s) on rank 1 vs 6 on rank(s) 0" in f.message
+    assert "5 FX graph(s) on rank 1 vs 6 on rank 0" in f.message
 
 
 def test_two_gpus_differ_by_device_index_only_and_stay_quiet():

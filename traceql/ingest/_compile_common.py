@@ -9,6 +9,9 @@ import orjson
 
 MAX_VALUE = 240  # characters of a reason or component value kept for messages
 _GB_AT = re.compile(r"Graph break in user code at (.+):(\d+)")
+_GB_OLD = re.compile(r"Graph break: (.*?)\s*from user code at:")
+_GB_FILE = re.compile(r'File "([^"]+)", line (\d+)')
+_GB_UNSUPPORTED = re.compile(r"^\s*torch\._dynamo\.exc\.Unsupported: (.+)$", re.M)
 
 _ASSIGN = re.compile(r"^\s+([A-Za-z_]\w*)(?:: \"[^\"]*\")? = (.+)$")
 _CALL = re.compile(r"^([A-Za-z_][\w\.]*)\((.*)\)$", re.S)
@@ -100,6 +103,15 @@ def graph_break(text: str) -> dict:
         user_frame = f"{m.group(1)}:{m.group(2)}"
     lines = text.split("\n")
     reason = None
+    old = _GB_OLD.search(text)
+    if old and user_frame is None:  # torch <= 2.4: "Graph break: [reason ]from user code at:", a stack, a traceback
+        fm = _GB_FILE.search(text, old.end())
+        if fm:
+            user_frame = f"{fm.group(1)}:{fm.group(2)}"
+        unsup = [u.group(1).strip() for u in _GB_UNSUPPORTED.finditer(text)]
+        reason = (old.group(1).strip() or (unsup[-1] if unsup else None))
+        if reason:
+            return {"reason": reason[:MAX_VALUE], "user_frame": user_frame, "detail": {"format": "torch<=2.4"}}
     for i, ln in enumerate(lines):
         if ln.startswith("Graph Break Reason:"):
             # the headline is the first non-empty line after "Graph Break Reason: ...:" (torch >= 2.7), else the rest
@@ -122,3 +134,88 @@ def graph_break(text: str) -> dict:
     return {"reason": reason, "user_frame": user_frame, "detail": detail}
 
 
+
+
+# --- compile failures ---------------------------------------------------------------------------------------------
+
+# fail_type values that are not failures: a frame dynamo chose not to compile (nothing to compile, a skipped file),
+# and the recompile limit (read as cache_limit, TQL401's business)
+_NOT_FAILURES = {"SkipFrame", "SkipCodeRecursiveException", "RecompileLimitExceeded", "CacheLimitExceeded",
+                 "ResumePrologueTracingError"}
+_BACKEND_RAISED = re.compile(r"backend='([^']*)' raised:\s*\n?\s*(.+)", re.S)
+
+
+def failure(fail_type, fail_reason) -> dict | None:
+    """A compile failure from compilation_metrics' fail_type/fail_reason (or a WON'T CONVERT report): its type, the
+    one-line reason, the backend where it says so, and a category (backend, unsupported, internal); None where
+    the record is no failure (no fail_type, a skipped frame, the recompile limit)."""
+    if not fail_type:
+        return None
+    ft = str(fail_type).rsplit(".", 1)[-1]
+    reason = str(fail_reason or "").strip()
+    if ft in _NOT_FAILURES or (reason and is_cache_limit(reason)):
+        return None
+    if ft == "Unsupported" and reason.lower().startswith(("skip", "no content")):
+        return None  # dynamo skipping a frame it has nothing to compile for
+    backend = None
+    m = _BACKEND_RAISED.search(reason)
+    if m:
+        backend = m.group(1)
+        reason = m.group(2).strip()
+    first = next((ln.strip() for ln in reason.split("\n") if ln.strip()), "")
+    category = ("backend" if ft == "BackendCompilerFailed" or backend else
+                "unsupported" if ft in ("Unsupported", "UserError", "UncapturedHigherOrderOpError") else "internal")
+    return {"fail_type": ft, "fail_reason": first[:MAX_VALUE] or None, "backend": backend, "category": category}
+
+
+_EXC_LINE = re.compile(r"^(?:[\w\.]+\.)?(\w*(?:Error|Exception|Failed|Unsupported))(?:: (.*))?$")
+
+
+def wont_convert(text: str) -> dict | None:
+    """`WON'T CONVERT fn file line N due to: <traceback>`: the function, its file and line, and the failure (the
+    last exception line of the traceback, with the backend where BackendCompilerFailed names one)."""
+    m = re.search(r"WON'T CONVERT (\S+) (.+?) line (\d+)", text)
+    if not m:
+        return None
+    lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
+    exc = [(i, em) for i, ln in enumerate(lines) if (em := _EXC_LINE.match(ln))]
+    ft, reason = "unknown", None
+    for i, em in exc:  # BackendCompilerFailed wraps the backend's own exception, on the next line
+        if em.group(1) == "BackendCompilerFailed":
+            ft = "BackendCompilerFailed"
+            rest = " ".join(lines[i:i + 2])
+            reason = rest.split(":", 1)[1].strip() if ":" in rest else rest
+            break
+    else:
+        if exc:
+            i, em = exc[-1]
+            ft, reason = em.group(1), (em.group(2) or "").strip() or None
+    f = failure(ft, reason) or {"fail_type": ft, "fail_reason": reason, "backend": None, "category": "internal"}
+    return {"function": m.group(1), "filename": m.group(2), "line": int(m.group(3)), **f}
+
+
+# --- graph inputs -------------------------------------------------------------------------------------------------
+
+_ARG = re.compile(r'\s*([A-Za-z_]\w*)\s*(?::\s*(?:"([^"]*)"|[\w\.\[\]]+))?\s*(?:,|$)')
+_ANNOT = re.compile(r"^([a-z]+\d*)\[([^\]]*)\]")  # "f32[4, 16][16, 1]cpu" -> f32, "4, 16"
+
+
+def graph_inputs(text: str, sizes: dict | None = None) -> list[str]:
+    """The inputs of a printed dynamo graph as `name: f32[4, 16]` (dtype and shape from the forward() annotations of
+    torch >= 2.4; where those are absent, the shape from the record's `sizes` and no dtype)."""
+    sizes = sizes if isinstance(sizes, dict) else {}
+    for line in text.split("\n"):
+        m = _DEF.match(line)
+        if not m:
+            continue
+        out = []
+        for am in _ARG.finditer(m.group(1)):
+            name, annot = am.group(1), am.group(2)
+            if annot:
+                tm = _ANNOT.match(annot)
+                out.append(f"{name}: {tm.group(1)}[{tm.group(2)}]" if tm else f"{name}: {annot}")
+            else:
+                sz = sizes.get(name) or sizes.get(name.lower())
+                out.append(f"{name}: ?[{', '.join(str(d) for d in sz)}]" if isinstance(sz, list) else f"{name}: ?")
+        return out
+    return []

@@ -29,6 +29,8 @@ import polars as pl
 
 from traceql.ingest import IngestError
 from traceql.ingest._compile_common import MAX_VALUE as _MAX_VALUE
+from traceql.ingest._compile_common import failure as _failure
+from traceql.ingest._compile_common import graph_inputs as _graph_inputs
 from traceql.ingest._compile_common import graph_break as _graph_break
 from traceql.ingest._compile_common import guard_text as _guard_text
 from traceql.ingest._compile_common import is_cache_limit as _is_cache_limit
@@ -42,6 +44,8 @@ SUPPORTED = True
 _LINE = re.compile(rb"^[VIWEC]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]]+\] \{")
 _HEAD = re.compile(r"^(?:\[rank\d+\]:)?([VIWEC])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+) +(\d+) ([^\]]*)\] (\{.*)$")
 _RANK_IN_NAME = re.compile(r"rank_(\d+)")
+# a printed FX node's origin in user code (`# File: /x/train.py:20 in forward, code: ...`), torch's own files excluded
+_USER_NODE = re.compile(r"# File: ((?:(?!/torch/)[^:\n])+):(\d+) in (\w+)")
 
 _ENVELOPE = {"rank", "frame_id", "frame_compile_id", "attempt", "compiled_autograd_id", "has_payload", "stack"}
 # Record kinds we read or knowingly skip; anything else is counted as unknown.
@@ -65,7 +69,7 @@ _CACHE_ARTIFACTS = {
 }
 # Kinds whose payload we need; every other payload is skipped without being kept in memory.
 _NEED_PAYLOAD_ARTIFACTS = {"dynamo_graph_break_reason", "recompile_reasons", "inductor_post_grad_graph",
-                           *_CACHE_ARTIFACTS}
+                           "fx_graph_cache_hash", *_CACHE_ARTIFACTS}
 _NEED_PAYLOAD_KINDS = {"dynamo_output_graph", "inductor_post_grad_graph", "optimize_ddp_split_child"}
 
 _COMPONENT = re.compile(r"^\[(\w+)\] ([^:]+?): ?(.*)$", re.S)
@@ -216,6 +220,9 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
     stats = {"bad_lines": 0, "truncated": False, "dropped_incomplete": 0, "clock": None, "error": None}
     strings: dict[int, str] = {}
     frames: dict[str, tuple[str | None, str | None, int | None]] = {}  # compile_id -> (function, file, line)
+    starts: list[tuple[dict, tuple, str | None]] = []  # (base row, frame, caller's function) per dynamo_start
+    graph_fn: dict[str | None, tuple] = {}  # compile_id -> the user frame of its dynamo graph's first user-code node
+    has_metrics = False
     rows: list[dict] = []
     unknown: dict[str, int] = {}
     ranks_seen: set[int] = set()
@@ -255,7 +262,10 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
                 fr = stack[-1]
                 fn = fr.get("filename")
                 frames[cid] = (fr.get("name"), strings.get(fn, str(fn)) if isinstance(fn, int) else fn, fr.get("line"))
+                caller = stack[-2].get("name") if len(stack) > 1 and isinstance(stack[-2], dict) else None
+                starts.append((base, frames[cid], caller))
         elif kind in ("compilation_metrics", "bwd_compilation_metrics"):
+            has_metrics = True
             m = env.get(kind) or {}
             cid = cid or m.get("compile_id")
             f_id, c_id = parse_compile_id(cid)
@@ -297,6 +307,16 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
                 rows.append({**row, "kind": "cache_limit", "dur": None, "guard": guard,
                              "reason": fail_reason.split("\n", 1)[0],
                              "detail": {"limit": int(lm.group(1)) if lm else None, "recompile_reason": m.get("recompile_reason")}})
+            fail = None if backward else _failure(m.get("fail_type"), fail_reason)
+            if fail is not None:
+                # a frame whose compile failed: with suppress_errors it runs eager, without it the error reached the
+                # caller (BackendCompilerFailed, InternalTorchDynamoError)
+                fail["suppress_errors"] = m.get("config_suppress_errors")
+                if m.get("fail_user_frame_filename"):
+                    fail["user_frame"] = f"{m['fail_user_frame_filename']}:{m.get('fail_user_frame_lineno')}"
+                rows.append({**row, "kind": "compile_failure", "dur": None, "user_frame": fail.get("user_frame"),
+                             "reason": fail["fail_reason"], "op": fail["fail_type"],
+                             "detail": {k: v for k, v in fail.items() if v is not None}})
             if not backward and m.get("recompile_reason") and cid is not None:
                 row["_recompile_reason"] = m.get("recompile_reason")
             if not backward and m.get("restart_reasons"):
@@ -312,14 +332,18 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
                 rows.append({**base, "kind": "recompile", "reason": "\n".join(reasons) or None,
                              "guard": _guard_text(reasons[0] if reasons else None),
                              "detail": {"failed_guards": reasons[:16], "n_failed": len(reasons)}})
-            elif name in _CACHE_ARTIFACTS:
-                k, cache = _CACHE_ARTIFACTS[name]
+            elif name in _CACHE_ARTIFACTS or name == "fx_graph_cache_hash":
                 try:
                     info = orjson.loads(text) if text.strip() else {}
                 except orjson.JSONDecodeError:
                     info = {}
                 if not isinstance(info, dict):
                     info = {}
+                if name == "fx_graph_cache_hash":  # torch 2.5: one artifact, its cache_state says hit or miss
+                    name = f"fx_graph_cache_{info.get('cache_state') or 'miss'}"
+                    if name not in _CACHE_ARTIFACTS:
+                        name = "fx_graph_cache_bypass"
+                k, cache = _CACHE_ARTIFACTS[name]
                 comps = parse_components(info.get("components"))
                 seq = None
                 if cache == "fx_graph":
@@ -335,7 +359,15 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
         elif kind == "inductor_post_grad_graph":
             rows.extend(_graph_rows(base, "".join(payload or []), "post_grad", graph_no))
         elif kind == "dynamo_output_graph":
-            rows.extend(_graph_rows(base, "".join(payload or []), "dynamo", graph_no))
+            text = "".join(payload or [])
+            rows.extend(_graph_rows(base, text, "dynamo", graph_no))
+            um = _USER_NODE.search(text)
+            if um and cid not in graph_fn:
+                graph_fn[cid] = (um.group(3), um.group(1), int(um.group(2)))
+            inputs = _graph_inputs(text, (env.get(kind) or {}).get("sizes"))
+            if inputs:  # the graph's input shapes and dtypes, compared across ranks (TQL409)
+                rows.append({**base, "kind": "graph_inputs", "reason": "; ".join(inputs)[:4 * _MAX_VALUE],
+                             "detail": {"n_inputs": len(inputs)}})
         elif kind == "optimize_ddp_split_child":
             name = (env.get(kind) or {}).get("name")
             n_ops = len(parse_graph_ops("".join(payload or [])))
@@ -351,7 +383,21 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
                               "is it a TORCH_TRACE log written by torch >= 2.2?")
         raise IngestError(f"{path.name}: TORCH_TRACE log holds no records; re-run with TORCH_TRACE set and let the job compile")
 
-    _fallbacks(rows)
+    if not has_metrics and any(_torch_internal(fr) for _, fr, _ in starts):
+        # torch < 2.4 (no compilation_metrics in TORCH_TRACE, and stacks that end inside torch, at eval_frame's _fn):
+        # dynamo_start's stack ends at the *caller* of the compiled frame, which is not on it; the frame is named by
+        # its graph's first user-code node where it has one
+        starts = [(b, graph_fn.get(b["compile_id"], (None, None, None)), fr[0]) for b, fr, _ in starts]
+        for i in range(1, len(starts)):
+            # a resume function calling the next compiled frame was itself compiled just before it (a resume frame
+            # that breaks at once has no graph to name it by)
+            b, fr, caller = starts[i - 1]
+            rm = _RESUME.match(starts[i][2] or "")
+            if fr[0] is None and rm:
+                starts[i - 1] = (b, (starts[i][2], starts[i][1][1], int(rm.group(2))), caller)
+        for b, fr, _ in starts:
+            frames[b["compile_id"]] = fr
+    _fallbacks(rows, starts)
 
     # rank: the records' own, else the file name (torch writes rank_N into it), else the source's, else 0
     rank = None
@@ -457,23 +503,66 @@ def _graph_rows(base: dict, text: str, graph: str, graph_no: dict) -> list[dict]
             for i, o in enumerate(parse_graph_ops(text))]
 
 
-def _fallbacks(rows: list[dict]) -> None:
-    """Older logs lack the recompile_reasons / dynamo_graph_break_reason artifacts: use compilation_metrics then."""
+_RESUME = re.compile(r"^torch_dynamo_resume_in_(\w+?)_at_(\d+)$")
+_WRAPPERS = {"_fn", "_call_impl", "_wrapped_call_impl", "compile_wrapper", "__call__"}
+
+
+def _torch_internal(fr: tuple) -> bool:
+    """Whether a stack frame (function, file, line) is torch's own code, not the user's."""
+    return fr[0] in _WRAPPERS or "/torch/" in str(fr[1] or "")
+
+
+def _fallbacks(rows: list[dict], starts: list[tuple[dict, tuple, str | None]]) -> None:
+    """Facts older torch logs do not write directly, inferred from what they do write (detail.from says from what):
+    - compiles: torch < 2.4 writes no compilation_metrics to TORCH_TRACE: each dynamo_start is one compile;
+    - recompiles: without a recompile_reasons artifact, compilation_metrics.recompile_reason; without that either,
+      each compile of a frame after its first (frame_compile_id > 0) is a recompile whose reason the log lacks;
+    - graph breaks: without a dynamo_graph_break_reason artifact, each of compilation_metrics.restart_reasons (dynamo
+      restarts an attempt at a graph break); without those either, each resume frame
+      torch_dynamo_resume_in_<fn>_at_<line> (dynamo compiles one per graph break) is a break in <fn> at that line."""
+    have_compile = {r["compile_id"] for r in rows if r["kind"] == "compile"}
+    extra = []
+    for base, fr, _ in starts:
+        if base["compile_id"] is not None and base["compile_id"] not in have_compile:
+            have_compile.add(base["compile_id"])
+            extra.append({**base, "kind": "compile", "function": fr[0], "filename": fr[1], "line": fr[2],
+                          "detail": {"from": "dynamo_start"}})
+    rows.extend(extra)
     have_recompile = {r["compile_id"] for r in rows if r["kind"] == "recompile"}
     have_break = {r["compile_id"] for r in rows if r["kind"] == "graph_break"}
     extra = []
     for r in rows:
-        if r["kind"] != "compile":
+        if r["kind"] != "compile" or (r.get("detail") or {}).get("phase") == "backward":
             continue
         rr = r.get("_recompile_reason")
-        if rr and r["compile_id"] not in have_recompile:
-            extra.append({**r, "kind": "recompile", "dur": None, "reason": rr, "guard": _guard_text(rr),
-                          "detail": {"from": "compilation_metrics"}})
+        if r["compile_id"] not in have_recompile:
+            if rr:
+                extra.append({**r, "kind": "recompile", "dur": None, "reason": rr, "guard": _guard_text(rr),
+                              "detail": {"from": "compilation_metrics"}})
+            elif (r.get("attempt") or 0) > 0 and not str(r["compile_id"]).startswith("!"):
+                extra.append({**r, "kind": "recompile", "dur": None, "reason": None, "guard": None,
+                              "detail": {"from": "frame_compile_id"}})
+            have_recompile.add(r["compile_id"])
         for reason in r.get("_restart_reasons") or []:
-            if r["compile_id"] not in have_break and "graph break" in str(reason).lower():
+            if r["compile_id"] not in have_break:
                 extra.append({**r, "kind": "graph_break", "dur": None, "reason": str(reason).split("\n", 1)[0],
                               "detail": {"from": "compilation_metrics.restart_reasons"}})
     for e in extra:
         e.pop("_recompile_reason", None)
         e.pop("_restart_reasons", None)
     rows.extend(extra)
+    if any(r["kind"] == "graph_break" for r in rows):
+        return
+    seen: set[tuple] = set()
+    for i, (base, fr, _) in enumerate(starts):
+        m = _RESUME.match(fr[0] or "")
+        if not m or base.get("attempt") != 0 or (fr[0], fr[1]) in seen:
+            continue
+        seen.add((fr[0], fr[1]))
+        # dynamo compiles the resume function when the broken frame first reaches it: the frame compiled just before
+        parent = starts[i - 1][0] if i > 0 else None
+        row = {**(parent or base), "kind": "graph_break", "reason": None, "user_frame": f"{fr[1]}:{m.group(2)}",
+               "detail": {"from": "resume frame", "resume_frame": fr[0]}}
+        if parent is None:  # the broken frame's own compile is not in this log: name it by the resume frame
+            row.update(compile_id=None, frame_id=None, attempt=None, function=m.group(1), filename=fr[1])
+        rows.append(row)

@@ -17,7 +17,7 @@ import orjson
 import polars as pl
 
 from traceql.ingest import IngestError
-from traceql.ingest._compile_common import graph_break, guard_text
+from traceql.ingest._compile_common import graph_break, guard_text, wont_convert
 from traceql.ingest.compile_trace import parse_compile_id
 
 KIND = "torch_logs"
@@ -25,17 +25,38 @@ SUPPORTED = True
 
 # A glog line from torch, with a compile id bracket or one of the artifacts we read; a launcher prefix may lead.
 _MARK = re.compile(
-    rb"(?m)^(?:\[rank\d+\]:)?[VIWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ torch/[^\]]+\] "
-    rb"(?:\[[!\d/]+\] )?(?:\[__recompiles|\[__graph_breaks|Recompiling function|Graph break|torch\._dynamo hit config)"
+    rb"(?m)^(?:\[rank\d+\]:)?(?:[VIWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ torch/[^\]]+\] "
+    rb"|\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\] (?:\[[!\d/]+\] )?torch\._dynamo\.[\w\.]+: \[[A-Z]+\] )"
+    rb"(?:\[[!\d/]+\] )?(?:\[__recompiles|\[__graph_breaks|Recompiling function|Graph break|torch\._dynamo hit config"
+    rb"|WON'T CONVERT)"
 )
 _LINE = re.compile(
     r"^(?:\[rank(?P<rank>\d+)\]:)?(?P<lvl>[VIWE])(?P<md>\d{4}) (?P<t>\d\d:\d\d:\d\d\.\d+) +(?P<tid>\d+) "
     r"(?P<loc>[^\]]+)\] (?:\[(?P<cid>!?[\d/]+)\] )?(?:\[(?P<art>__\w+)\] )?(?P<text>.*)$"
 )
+# torch <= 2.1 logging: `[2026-12-01 13:16:29,700] [0/0] torch._dynamo.symbolic_convert.__graph_breaks: [DEBUG] text`
+_LINE_OLD = re.compile(
+    r"^(?:\[rank(?P<rank>\d+)\]:)?\[(?P<md>\d{4}-\d\d-\d\d) (?P<t>\d\d:\d\d:\d\d,\d+)\] (?:\[(?P<cid>!?[\d/]+)\] )?"
+    r"(?P<loc>torch\.[\w\.]+?)(?:\.(?P<art>__\w+))?: \[(?P<lvl>[A-Z]+)\] (?P<text>.*)$"
+)
 _RECOMPILING = re.compile(r"Recompiling function (\S+) in (.+):(\d+)")
 _LIMIT = re.compile(r"torch\._dynamo hit config\.(\w+) \((\d+)\)")
 _FILE = re.compile(r'File "([^"]+)", line (\d+)')
 _FAILURE = re.compile(r"^\s*- (.+)$")
+_OLD_FAILURE = re.compile(r"triggered by the following guard failure: (.+?)[\"']\)\s*$", re.M)
+_IN_FN = re.compile(r'File "[^"]+", line \d+, in (<resume in \w+>|\w+)')
+_LIMIT_FN = re.compile(r"function: '([^']+)' \((.+):(\d+)\)")
+
+
+def _stand_in_frame(row: dict, frames: dict, count: bool = True) -> None:
+    """torch < 2.4 logs recompiles without a compile id: number the frames by function (negative ids, so they never
+    pass for torch's own) and the recompiles of each in order, so that a frame's recompiles still count together."""
+    key = (row["function"], row["filename"], row["line"])
+    f = frames.setdefault(key, [-(len(frames) + 1), 0])
+    if count:
+        f[1] += 1
+    row["frame_id"], row["attempt"] = f[0], f[1]
+    row["detail"]["stand_in_frame_id"] = True
 
 
 def sniff(path: Path, head: bytes) -> bool:
@@ -58,13 +79,14 @@ def _messages(path: Path):
     with f:
         try:
             for lineno, raw in enumerate(f, 1):
-                m = _LINE.match(raw.rstrip("\n"))
+                line = raw.rstrip("\n")
+                m = _LINE.match(line) or _LINE_OLD.match(line)
                 if not m:
                     if cur:
                         yield meta, cur
                         cur, cur_key = [], None
                     continue
-                key = (m["rank"], m["md"], m["t"], m["tid"], m["loc"], m["cid"], m["art"])
+                key = (m["rank"], m["md"], m["t"], m.groupdict().get("tid"), m["loc"], m["cid"], m["art"])
                 if key != cur_key and cur:
                     yield meta, cur
                     cur = []
@@ -81,6 +103,7 @@ def _messages(path: Path):
 
 def read(path: Path, source) -> dict[str, pl.DataFrame]:
     rows = []
+    frames: dict[tuple, list[int]] = {}  # (function, file, line) -> [stand-in frame id, compiles seen]
     seen_recompile: set[tuple] = set()
     ranks: set[int] = set()
     for meta, lines in _messages(path):
@@ -94,17 +117,37 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
         art = meta["art"] or ""
         m = _RECOMPILING.search(text)
         if art.startswith("__recompiles") and m:
-            key = (r, meta["cid"])
-            if key in seen_recompile:  # __recompiles and __recompiles_verbose report the same recompile
+            # __recompiles and __recompiles_verbose report the same recompile; torch < 2.4 logs no compile id
+            key = (r, meta["cid"]) if meta["cid"] else (r, meta["time"], m.group(1))
+            if key in seen_recompile:
                 continue
             seen_recompile.add(key)
             failures = [fm.group(1).strip() for ln in lines if (fm := _FAILURE.match(ln))]
-            rows.append({**base, "kind": "recompile", "function": m.group(1), "filename": m.group(2),
-                         "line": int(m.group(3)), "reason": "\n".join(failures) or None,
-                         "guard": guard_text(failures[0]) if failures else None,
-                         "detail": {**det, "failed_guards": failures[:16], "n_failed": len(failures)}})
-        elif art == "__graph_breaks" and ("Graph break in user code" in text or "Graph Break Reason" in text):
+            if not failures and (om := _OLD_FAILURE.search(text)):  # torch 2.1 logs a tuple's repr on one line
+                failures = [om.group(1)]
+            row = {**base, "kind": "recompile", "function": m.group(1), "filename": m.group(2),
+                   "line": int(m.group(3)), "reason": "\n".join(failures) or None,
+                   "guard": guard_text(failures[0]) if failures else None,
+                   "detail": {**det, "failed_guards": failures[:16], "n_failed": len(failures)}}
+            if base["frame_id"] is None:
+                _stand_in_frame(row, frames)
+            rows.append(row)
+        elif meta["level"] in ("W", "E", "WARNING", "ERROR") and (wc := wont_convert(text)) is not None:
+            # a frame whose compile raised, run eager (suppress_errors); at INFO level torch reports frames it skips
+            # on purpose (generators, its own files) the same way: those are no failures
+            row = {**base, "kind": "compile_failure", "function": wc["function"], "filename": wc["filename"],
+                   "line": wc["line"], "reason": wc["fail_reason"], "op": wc["fail_type"],
+                   "detail": {**det, **{k: v for k, v in wc.items() if k in ("fail_type", "fail_reason", "backend",
+                                                                            "category") and v is not None},
+                              "suppress_errors": True}}
+            if not any(x["kind"] == "compile_failure" and x["function"] == row["function"] and x["reason"] == row["reason"]
+                       and x["rank"] == r for x in rows):  # one report per frame, though torch may print it twice
+                rows.append(row)
+        elif art == "__graph_breaks" and ("Graph break in user code" in text or "Graph Break Reason" in text
+                                          or "Graph break: " in text):
             gb = graph_break(text)
+            if base.get("function") is None and (fn := _IN_FN.search(text)):  # the broken frame, where no id names it
+                base = {**base, "function": fn.group(1)}
             rows.append({**base, "kind": "graph_break", "reason": gb["reason"], "user_frame": gb["user_frame"],
                          "detail": {**det, **gb["detail"]}})
         elif text.startswith("Graph break from "):  # the warning torch prints without TORCH_LOGS (older wording too)
@@ -113,12 +156,18 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
                          "user_frame": f"{fm.group(1)}:{fm.group(2)}" if fm else None,
                          "detail": {**det, "from": "warning"}})
         elif (lm := _LIMIT.search(text)) is not None:
-            rows.append({**base, "kind": "cache_limit", "reason": text.split("\n", 1)[0],
-                         "detail": {**det, "limit": int(lm.group(2)), "config": lm.group(1)}})
+            row = {**base, "kind": "cache_limit", "reason": text.split("\n", 1)[0],
+                   "detail": {**det, "limit": int(lm.group(2)), "config": lm.group(1)}}
+            fm = _LIMIT_FN.search(text)
+            if fm:
+                row.update(function=fm.group(1), filename=fm.group(2), line=int(fm.group(3)))
+                if base["frame_id"] is None:
+                    _stand_in_frame(row, frames, count=False)
+            rows.append(row)
     if any(r["kind"] == "graph_break" and "from" not in r["detail"] for r in rows):  # TORCH_LOGS reports win
         rows = [r for r in rows if not (r["kind"] == "graph_break" and r["detail"].get("from") == "warning")]
     if not rows:
-        raise IngestError(f"{path.name}: no recompile, graph-break or recompile-limit message found; "
+        raise IngestError(f"{path.name}: no recompile, graph-break, recompile-limit or WON'T CONVERT message found; "
                           "run with TORCH_LOGS=recompiles,graph_breaks to log them")
     if ranks:
         source.ranks = sorted(ranks)
@@ -132,4 +181,4 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
     return {"compile_events": pl.DataFrame(rows, schema={
         "rank": pl.Int32, "compile_id": pl.Utf8, "frame_id": pl.Int64, "attempt": pl.Int64, "kind": pl.Utf8,
         "function": pl.Utf8, "filename": pl.Utf8, "line": pl.Int64, "reason": pl.Utf8, "guard": pl.Utf8,
-        "user_frame": pl.Utf8, "detail": pl.Utf8})}
+        "user_frame": pl.Utf8, "op": pl.Utf8, "detail": pl.Utf8})}
