@@ -294,8 +294,8 @@ def plain_main(args, sc, traits) -> int:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if cuda and not os.environ.get("TRACEQL_CAPTURE_UNDER_NSYS"):
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    # The handler's own default name and folder layout; gzip only where the host ops are many (loader runs).
-    handler = torch.profiler.tensorboard_trace_handler(str(out), use_gzip=loader_run)
+    # The handler's own default name (HOST_PID.TIMESTAMP.pt.trace.json.gz with use_gzip) and folder layout.
+    handler = torch.profiler.tensorboard_trace_handler(str(out), use_gzip=True)
     status = 0
     done = 0
     t0 = time.perf_counter()

@@ -69,6 +69,25 @@ def _size(s: Source) -> int:
         return 0
 
 
+RANKLESS = "rank unknown: no distributedInfo and no rank in the file name"
+
+
+def _single_process_rank(results: list[tuple[Source, dict]]) -> None:
+    """The run's one Kineto trace names no rank (no distributedInfo, no rank in its name): it is a single-process run
+    (torch.profiler.tensorboard_trace_handler's HOST_PID.TIMESTAMP.pt.trace.json), rank 0 as torch.distributed would
+    number it. With several such traces nothing is guessed: their order says nothing about their ranks."""
+    kineto = [r for r in results if r[0].kind == "kineto"]
+    if len(kineto) != 1 or kineto[0][0].rank is not None:
+        return
+    source, tables = kineto[0]
+    source.rank, source.ranks = 0, [0]
+    source.rank_origin = "single trace without distributedInfo"
+    source.detail = "; ".join(p for p in (source.detail or "").split("; ") if p and p != RANKLESS)
+    for name, df in tables.items():
+        if "rank" in df.columns and df.height and df["rank"].null_count() == df.height:
+            tables[name] = df.with_columns(pl.lit(0, dtype=df.schema["rank"]).alias("rank"))
+
+
 def ingest(run_path: Path, sources: list[Source], use_cache: bool = True, jobs: int | None = None, progress=None) -> Run:
     todo = [s for s in sources if s.status in ("ok", "partial")]
     results: list[tuple[Source, dict]] = []
@@ -112,6 +131,7 @@ def ingest(run_path: Path, sources: list[Source], use_cache: bool = True, jobs: 
             results.append(_ingest_one(s, use_cache))
             if progress:
                 progress(s)
+    _single_process_rank(results)
     order = {id(s): i for i, s in enumerate(sources)}
     results.sort(key=lambda r: order.get(id(r[0]), len(order)))  # source order, hits and misses alike
     by_id = {s.id: s for s, _ in results}
