@@ -88,4 +88,22 @@ def step_times(run: Run) -> pl.DataFrame:
         [pl.col(c).cast(t) for c, t in schema.items()]).sort("rank", "step")
 
 
-DERIVED = {"step_times": step_times}
+# CUDA lazy loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 11.7 / 12.2): the first launch of each kernel
+# loads its module through these driver calls, so the step that first runs a kernel pays for it. nsys traces them.
+MODULE_LOADING = ("cuLibraryLoadData", "cuLibraryLoadFromFile", "cuModuleLoadData", "cuModuleLoadDataEx",
+                  "cuModuleLoadFatBinary", "cuModuleLoad")
+
+
+def warmup_steps(run: Run) -> pl.DataFrame:
+    """(rank, source, step, load_ms) of the steps whose runtime calls load CUDA modules: warm-up steps, whose idle
+    and launch gaps say how the process started, not how it trains."""
+    rt = run.table("runtime")
+    schema = {"rank": pl.Int32, "source": pl.Int32, "step": pl.Int64, "load_ms": pl.Float64, "loads": pl.Int64}
+    if rt.height == 0 or "step" not in rt.columns:
+        return pl.DataFrame(schema=schema)
+    w = rt.filter(pl.col("name").is_in(MODULE_LOADING) & pl.col("step").is_not_null())
+    w = w.group_by("rank", "source", "step").agg((pl.col("dur").sum() / 1e6).alias("load_ms"), pl.len().alias("loads"))
+    return w.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank", "source", "step")
+
+
+DERIVED = {"step_times": step_times, "warmup_steps": warmup_steps}
