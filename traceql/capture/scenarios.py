@@ -183,10 +183,12 @@ _LIST += [
         "A plain loop fed by DataLoader(num_workers=0): every batch is decoded and augmented in the training "
         "process (a fixed CPU cost per sample, about 2.5x the GPU's step), collated and copied from pageable memory, "
         "so the GPU waits for data each step.",
-        expected=(("TQL210", "all"),),
+        # the stall, the GPU idle it causes and the batch copied from pageable memory (pin_memory=False)
+        expected=(("TQL210", "all"), ("TQL202", "all"), ("TQL205", "all")),
         default_ranks=1,
         distributed=False,
         warm_steps=2,
+        cuda_only=("TQL202", "TQL205"),
         notes="the per-sample CPU cost is calibrated at start to 2.5x the measured compute of one step (see "
         "workload in the manifest); on CPU the loader's share of each step is the finding",
     ),
