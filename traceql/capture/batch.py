@@ -88,6 +88,13 @@ PLANS = {
         ("cpu-loader-fixed", "loader-fixed", 1, False, "a", 4),
         ("cpu-plain-loop", "plain-loop", 1, False, "a", 4),
     ],
+    # Seventh call: workers that do not keep up, a cold start profiled from step 0, the fixed loader under nsys.
+    "h200-stall-2": [
+        ("h200-loader-starved-workers", "loader-starved-workers", 1, False, "a", 4),
+        ("h200-cold-start", "cold-start", 1, False, "a", 4),
+        ("h200-loader-fixed-nsys", "loader-fixed", 1, True, "a", 4),
+        ("cpu-loader-starved-workers", "loader-starved-workers", 1, False, "a", 4),
+    ],
     "cpu": [
         ("cpu-demo", "demo", 2, False, "a"),
         ("cpu-straggler", "straggler", 2, False, "a"),

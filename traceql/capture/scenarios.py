@@ -201,6 +201,24 @@ _LIST += [
         warm_steps=4,
         notes="same dataset cost as loader-bound; four workers deliver a batch in about 0.6x the step's compute",
     ),
+    Scenario(
+        "loader-starved-workers",
+        "Twin of loader-fixed with only two workers: each batch still costs 2.5x the step's compute, so two workers "
+        "fall behind and the loop waits for them every step.",
+        expected=(("TQL210", "all"),),
+        default_ranks=1,
+        distributed=False,
+        warm_steps=4,
+        notes="the stall is the wait in _MultiProcessingDataLoaderIter.__next__ (about 20% of each step)",
+    ),
+    Scenario(
+        "cold-start",
+        "The plain loop profiled from its very first step (no schedule) with model.to(device) inside it: CUDA modules "
+        "load lazily, cuBLAS initialises and the weights are copied from pageable memory in step 0 alone.",
+        default_ranks=1,
+        distributed=False,
+        notes="clean: a first step's warm-up is not the run's pattern, so per-step rules must stay quiet",
+    ),
 ]
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in _LIST}

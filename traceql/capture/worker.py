@@ -51,6 +51,8 @@ TRAITS = {
     "plain-loop": {"no_dist", "premade_batches"},
     "loader-bound": {"no_dist", "loader"},
     "loader-fixed": {"no_dist", "loader", "loader_fixed"},
+    "loader-starved-workers": {"no_dist", "loader", "loader_fixed", "few_workers"},
+    "cold-start": {"no_dist", "premade_batches", "cold"},
 }
 
 # Loader scenarios: image-like samples made on the CPU in Dataset.__getitem__, a model that reads each image as
@@ -58,6 +60,7 @@ TRAITS = {
 IMAGE = (3, 64, 64)
 IMAGE_TOKENS = 64  # 3*64*64 = 64 tokens of 192 values
 LOADER_COST_RATIO = 2.5  # one process's loader time per batch, over the compute of one step (loader-bound)
+FEW_WORKERS = 2  # loader-starved-workers: two workers deliver a batch in about 1.25x the step's compute
 FIXED_LOADER = {"num_workers": 4, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 4}
 
 CUDA_MEMCPY_DEVICE_TO_HOST = 2  # cudaMemcpyKind
@@ -230,23 +233,35 @@ def plain_main(args, sc, traits) -> int:
     n_out = 16
     torch.manual_seed(0)
     loader_run = "loader" in traits
+    cold = "cold" in traits
     if loader_run:
         width, depth, batch = (2048, 3, 128) if cuda else (256, 2, 16)
-        model = TokenMLP(width, depth, n_out).to(device)
+        model = TokenMLP(width, depth, n_out)
     else:
         width, depth, batch = (2048, 8, 2048) if cuda else (128, 6, 32)
-        model = MLP(width, depth, n_out).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        model = MLP(width, depth, n_out)
+    state = {}
+
+    def to_device():
+        # model.to(device) copies the weights from pageable memory; a cold start does it inside the first step
+        state["model"] = model.to(device)
+        state["opt"] = torch.optim.SGD(state["model"].parameters(), lr=1e-3)
+
+    if not cold:
+        to_device()
 
     def train_step(x, y):
+        opt = state["opt"]
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
+        loss = F.cross_entropy(state["model"](x), y)
         loss.backward()
         opt.step()
         return loss
 
     warm = sc.warm_steps
-    total = warm + 2 + args.steps
+    # a cold start profiles from the very first step (no schedule): CUDA modules load lazily and cuBLAS initialises
+    # inside it, with the weights' copies to the device
+    total = args.steps if cold else warm + 2 + args.steps
     info = _env_info(device, None)
     workload = {"model": type(model).__name__, "width": width, "depth": depth, "batch": batch}
     gen = torch.Generator().manual_seed(1234)
@@ -269,6 +284,8 @@ def plain_main(args, sc, traits) -> int:
         cost_s = LOADER_COST_RATIO * compute_s / batch
         del xb, yb
         loader_kw = dict(FIXED_LOADER) if "loader_fixed" in traits else {"num_workers": 0}
+        if "few_workers" in traits:
+            loader_kw["num_workers"] = FEW_WORKERS
         if not cuda:
             loader_kw.pop("pin_memory", None)  # nothing to pin for on a CPU run
         ds = AugmentedImages(batch * total, cost_s, n_out, seed=1234)
@@ -299,14 +316,17 @@ def plain_main(args, sc, traits) -> int:
     status = 0
     done = 0
     t0 = time.perf_counter()
+    schedule = None if cold else torch.profiler.schedule(skip_first=warm, wait=1, warmup=1, active=args.steps, repeat=1)
     with torch.profiler.profile(
         activities=activities,
-        schedule=torch.profiler.schedule(skip_first=warm, wait=1, warmup=1, active=args.steps, repeat=1),
+        schedule=schedule,
         on_trace_ready=handler,
         record_shapes=False,
         with_stack=False,
     ) as prof:
         try:
+            if cold:
+                to_device()
             # As training scripts write it: the batch is fetched by the for statement, before the step's NVTX range
             # opens, so in an nsys export the loader's wait falls between the step ranges.
             for step, (x, y) in batches:
