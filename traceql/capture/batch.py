@@ -93,7 +93,10 @@ PLANS = {
         ("h200-loader-starved-workers", "loader-starved-workers", 1, False, "a", 4),
         ("h200-cold-start", "cold-start", 1, False, "a", 4),
         ("h200-loader-fixed-nsys", "loader-fixed", 1, True, "a", 4),
-        ("cpu-loader-starved-workers", "loader-starved-workers", 1, False, "a", 4),
+    ],
+    # Eighth call: the cold start again, with ProfilerStep ranges (a schedule without wait or warm-up).
+    "h200-stall-3": [
+        ("h200-cold-start", "cold-start", 1, False, "a", 4),
     ],
     "cpu": [
         ("cpu-demo", "demo", 2, False, "a"),

@@ -213,7 +213,7 @@ _LIST += [
     ),
     Scenario(
         "cold-start",
-        "The plain loop profiled from its very first step (no schedule) with model.to(device) inside it: CUDA modules "
+        "The plain loop profiled from its very first step (a schedule without wait or warm-up) with model.to(device) inside it: CUDA modules "
         "load lazily, cuBLAS initialises and the weights are copied from pageable memory in step 0 alone.",
         default_ranks=1,
         distributed=False,

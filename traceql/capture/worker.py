@@ -316,7 +316,10 @@ def plain_main(args, sc, traits) -> int:
     status = 0
     done = 0
     t0 = time.perf_counter()
-    schedule = None if cold else torch.profiler.schedule(skip_first=warm, wait=1, warmup=1, active=args.steps, repeat=1)
+    # A cold start records from the first step on: a schedule without wait or warm-up (with no schedule at all the
+    # profiler records no ProfilerStep ranges).
+    schedule = (torch.profiler.schedule(wait=0, warmup=0, active=args.steps, repeat=1) if cold else
+                torch.profiler.schedule(skip_first=warm, wait=1, warmup=1, active=args.steps, repeat=1))
     with torch.profiler.profile(
         activities=activities,
         schedule=schedule,

@@ -81,8 +81,9 @@ def _single_process_rank(results: list[tuple[Source, dict]]) -> None:
         return
     source, tables = kineto[0]
     source.rank, source.ranks = 0, [0]
-    source.rank_origin = "single trace without distributedInfo"
-    source.detail = "; ".join(p for p in (source.detail or "").split("; ") if p and p != RANKLESS)
+    source.rank_origin = "assumed"  # the word link/ranks (ranks branch) uses for the same assumption
+    kept = [p for p in (source.detail or "").split("; ") if p and p != RANKLESS]
+    source.detail = "; ".join([*kept, "rank 0 assumed: no rank in its content or name (a single-process run)"])
     for name, df in tables.items():
         if "rank" in df.columns and df.height and df["rank"].null_count() == df.height:
             tables[name] = df.with_columns(pl.lit(0, dtype=df.schema["rank"]).alias("rank"))
