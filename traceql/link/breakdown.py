@@ -73,6 +73,7 @@ def step_breakdown(run: Run) -> pl.DataFrame:
     return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort(_PER, nulls_last=True)
 
 
+HOST_OP_MIN_GAP_MS = 0.05  # gaps shorter than this get no host_op (rules report gaps of a millisecond and more)
 GAP_SCHEMA = {"rank": pl.Int32, "source": pl.Int32, "device": pl.Int32, "step": pl.Int64, "gap_ts": pl.Int64,
               "gap_end": pl.Int64, "gap_ms": pl.Float64, "lead": pl.Boolean, "prev_name": pl.Utf8, "next_name": pl.Utf8,
               "host_op": pl.Utf8, "input_wait_ms": pl.Float64, "step_max_gap_ms": pl.Float64,
@@ -120,7 +121,13 @@ def gpu_idle_gaps(run: Run) -> pl.DataFrame:
     g = _raw_gaps(run)
     if g.height == 0:
         return pl.DataFrame(schema=GAP_SCHEMA)
-    g = host_context(run, measures.short_names(g, ["prev_name", "next_name"]))
+    # what the host was doing, for gaps that can matter: a trace has a gap of a few microseconds between most
+    # kernels, and naming each would cost an as-of join per gap for nothing
+    named = g.filter(pl.col("gap_ms") >= HOST_OP_MIN_GAP_MS)
+    named = host_context(run, measures.short_names(named, ["prev_name", "next_name"]))
+    rest = measures.short_names(g.filter(pl.col("gap_ms") < HOST_OP_MIN_GAP_MS), ["prev_name", "next_name"]).with_columns(
+        pl.lit(None, pl.Utf8).alias("host_op"))
+    g = pl.concat([named.select(rest.columns), rest])
     g = g.with_columns((input_wait_ns(run, g, "gap_ts", "gap_end") / 1e6).alias("input_wait_ms"))
     # The rank's habit: the largest gap of each step with GPU work, its median over those steps (steps without a
     # gap count as 0), so that one step (the first, loading CUDA modules) is not the run's pattern.
