@@ -170,6 +170,8 @@ def test_captured_run_dir_matches_its_manifest(manifest):
     for rank in range(m["ranks"]):
         assert (run / f"rank{rank}.stdout.log").exists()
         trace_path = run / f"rank{rank}.pt.trace.json.gz"
+        if not sc.distributed:  # tensorboard_trace_handler's own name: HOST_PID.TIMESTAMP.pt.trace.json.gz
+            (trace_path,) = run.glob("*.pt.trace.json.gz")
         if sc.fails and not trace_path.exists():
             continue  # a run planted to fail at init (duplicate-gpu) never reaches the profiler
         trace = _load_trace(trace_path)
@@ -265,3 +267,14 @@ def test_multi_gpu_runs_used_nccl_between_gpus():
         assert env["gpus"] >= 2 and env["process_group"] == "nccl", manifest
     k = load_run(REPO / "fixtures" / "h200x2-exposed-allreduce", use_cache=False).tables["kernels"]
     assert set(k.filter(k["kind"] == "comm")["rank"].unique().to_list()) == {0, 1}
+
+
+def test_single_process_scenarios_refuse_several_ranks(tmp_path):
+    from traceql.capture.runner import CaptureError, capture
+    from traceql.capture.scenarios import SCENARIOS
+
+    for name in ("plain-loop", "loader-bound", "loader-fixed"):
+        assert SCENARIOS[name].distributed is False and SCENARIOS[name].default_ranks == 1
+    with pytest.raises(CaptureError, match="without torch.distributed"):
+        capture("loader-bound", tmp_path / "out", ranks=2)
+    assert SCENARIOS["loader-bound"].expected_for(1, "cpu") == [{"rule": "TQL210", "ranks": [0]}]

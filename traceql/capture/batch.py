@@ -75,6 +75,29 @@ PLANS = {
         ("h200x2-ddp-compiled", "ddp-compiled", 2, False, "b"),
         ("h200x2-divergent-compile", "divergent-compile", 2, False, "b"),
     ],
+    # Sixth call: single-process runs without torch.distributed (tensorboard_trace_handler names the trace), a
+    # DataLoader that starves the GPU, its fixed twin, an nsys twin, and CPU twins (cpu-* runs use --backend cpu).
+    # One lane: the loader runs time the host, so nothing else runs beside them.
+    "h200-stall": [
+        ("h200-plain-loop", "plain-loop", 1, False, "a", 4),
+        ("h200-loader-bound", "loader-bound", 1, False, "a", 4),
+        ("h200-loader-fixed", "loader-fixed", 1, False, "a", 4),
+        ("h200-loader-bound-nsys", "loader-bound", 1, True, "a", 4),
+        ("h200-plain-loop-nsys", "plain-loop", 1, True, "a", 4),
+        ("cpu-loader-bound", "loader-bound", 1, False, "a", 4),
+        ("cpu-loader-fixed", "loader-fixed", 1, False, "a", 4),
+        ("cpu-plain-loop", "plain-loop", 1, False, "a", 4),
+    ],
+    # Seventh call: workers that do not keep up, a cold start profiled from step 0, the fixed loader under nsys.
+    "h200-stall-2": [
+        ("h200-loader-starved-workers", "loader-starved-workers", 1, False, "a", 4),
+        ("h200-cold-start", "cold-start", 1, False, "a", 4),
+        ("h200-loader-fixed-nsys", "loader-fixed", 1, True, "a", 4),
+    ],
+    # Eighth call: the cold start again, with ProfilerStep ranges (a schedule without wait or warm-up).
+    "h200-stall-3": [
+        ("h200-cold-start", "cold-start", 1, False, "a", 4),
+    ],
     "cpu": [
         ("cpu-demo", "demo", 2, False, "a"),
         ("cpu-straggler", "straggler", 2, False, "a"),
@@ -90,7 +113,7 @@ PLANS = {
         ("cpu-recompile-storm", "recompile-storm", 1, False, "b"),
     ],
 }
-STATS_RUN = "host-sync-per-step"  # the nsys export that also gets `nsys stats` beside it
+STATS_RUNS = ("host-sync-per-step", "loader-bound")  # the nsys exports that also get `nsys stats` beside them
 PACK_LIMIT = 15 << 20  # the device tool brings back 8 files of 16 MiB
 
 
@@ -125,10 +148,13 @@ def run_plan(plan, out: Path, backend: str, steps: int, deadline_s: float, timeo
                 results.append({"run": name, "status": "skipped"})
                 continue
             log(f"{name}: start")
+            # A cpu-* run in a GPU plan is a CPU twin: it runs with --backend cpu (no GPU visible to it).
+            run_backend = "cpu" if name.startswith("cpu-") else backend
             try:
-                res = capture(scenario, out / name, ranks=ranks, steps=rest[0] if rest else steps, backend=backend, nsys=nsys,
+                res = capture(scenario, out / name, ranks=ranks, steps=rest[0] if rest else steps, backend=run_backend,
+                              nsys=nsys,
                               timeout_s=min(timeout_s, left - 10), force=True, log=lambda m, n=name: log(f"{n}: {m}"))
-                if nsys and scenario == STATS_RUN:
+                if nsys and scenario in STATS_RUNS:
                     _nsys_stats(out / name, log)
                 status = "ok" if res.ok else "failed"
                 log(f"{name}: {status}, exit codes {res.exit_codes}, {res.manifest['duration_s']}s")

@@ -2,7 +2,9 @@
 
 Run dir layout:
     manifest.json                       scenario, command, versions, expected findings
-    rank{N}.pt.trace.json.gz            torch.profiler Chrome trace per rank (ProfilerStep#N markers)
+    rank{N}.pt.trace.json.gz            torch.profiler Chrome trace per rank (ProfilerStep#N markers); a scenario
+                                        without torch.distributed writes tensorboard_trace_handler's default
+                                        HOST_PID.TIMESTAMP.pt.trace.json(.gz) instead
     rank{N}.stdout.log / .stderr.log    per-rank output (NCCL_DEBUG=INFO on CUDA, TORCH_LOGS on compiled runs)
     torch_trace/                        TORCH_TRACE logs, gzipped after the run (set on every run; torch writes
                                         them only where something compiles)
@@ -108,6 +110,8 @@ def capture(
     ranks = ranks or sc.default_ranks
     if ranks < sc.min_ranks:
         raise CaptureError(f"scenario {scenario} needs at least {sc.min_ranks} ranks; pass --ranks {sc.min_ranks}")
+    if not sc.distributed and ranks != 1:
+        raise CaptureError(f"scenario {scenario} is a single process without torch.distributed; pass --ranks 1")
     if steps < 1:
         raise CaptureError("--steps must be at least 1")
     out = Path(out)
@@ -254,6 +258,8 @@ def capture(
         "duration_s": round(elapsed, 1),
         "summary": sc.summary,
     }
+    if env_info.get("workload"):
+        manifest["workload"] = env_info["workload"]  # what the worker measured and chose (loader scenarios)
     notes = [sc.notes] if sc.notes else []
     if nsys_bin:
         notes.append("Kineto traces hold host events only: under nsys, nsys owns CUPTI (GPU activity is in the "

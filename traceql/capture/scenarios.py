@@ -25,6 +25,9 @@ class Scenario:
     cuda_only: tuple[str, ...] = ()
     # The run is meant to end in an error (the desync's collective timeout).
     fails: bool = False
+    # False: a plain single-process loop without torch.distributed (no process group, no distributedInfo in the
+    # trace), written by torch.profiler.tensorboard_trace_handler under its default file name.
+    distributed: bool = True
     notes: str = ""
 
     def expected_for(self, ranks: int, backend: str) -> list[dict]:
@@ -164,6 +167,57 @@ _LIST = [
         "grad-accum-without-no_sync",
         "DDP with 4 micro-batches per optimizer step and no no_sync(): every micro-batch all-reduces.",
         expected=(("TQL103", "all"),),
+    ),
+]
+
+_LIST += [
+    Scenario(
+        "plain-loop",
+        "Clean baseline without torch.distributed: one process, a plain training loop over pinned, prefetched "
+        "batches, traced by tensorboard_trace_handler under its default host_pid.timestamp.pt.trace.json name.",
+        default_ranks=1,
+        distributed=False,
+    ),
+    Scenario(
+        "loader-bound",
+        "A plain loop fed by DataLoader(num_workers=0): every batch is decoded and augmented in the training "
+        "process (a fixed CPU cost per sample, about 2.5x the GPU's step), collated and copied from pageable memory, "
+        "so the GPU waits for data each step.",
+        # the stall, the GPU idle it causes and the batch copied from pageable memory (pin_memory=False)
+        expected=(("TQL210", "all"), ("TQL202", "all"), ("TQL205", "all")),
+        default_ranks=1,
+        distributed=False,
+        warm_steps=2,
+        cuda_only=("TQL202", "TQL205"),
+        notes="the per-sample CPU cost is calibrated at start to 2.5x the measured compute of one step (see "
+        "workload in the manifest); on CPU the loader's share of each step is the finding",
+    ),
+    Scenario(
+        "loader-fixed",
+        "Twin of loader-bound with the loader fixed: num_workers=4, pin_memory=True, persistent_workers=True, "
+        "prefetch_factor=4 and non_blocking copies: the same per-sample cost is hidden behind compute.",
+        default_ranks=1,
+        distributed=False,
+        warm_steps=4,
+        notes="same dataset cost as loader-bound; four workers deliver a batch in about 0.6x the step's compute",
+    ),
+    Scenario(
+        "loader-starved-workers",
+        "Twin of loader-fixed with only two workers: each batch still costs 2.5x the step's compute, so two workers "
+        "fall behind and the loop waits for them every step.",
+        expected=(("TQL210", "all"),),
+        default_ranks=1,
+        distributed=False,
+        warm_steps=4,
+        notes="the stall is the wait in _MultiProcessingDataLoaderIter.__next__ (about 20% of each step)",
+    ),
+    Scenario(
+        "cold-start",
+        "The plain loop profiled from its very first step (a schedule without wait or warm-up) with model.to(device) inside it: CUDA modules "
+        "load lazily, cuBLAS initialises and the weights are copied from pageable memory in step 0 alone.",
+        default_ranks=1,
+        distributed=False,
+        notes="clean: a first step's warm-up is not the run's pattern, so per-step rules must stay quiet",
     ),
 ]
 

@@ -47,7 +47,21 @@ TRAITS = {
     "duplicate-gpu": {"ddp", "force_nccl"},
     "pageable-copy": {"pageable"},
     "sync-memcpy": {"cudart_sync"},
+    # No torch.distributed: one process, traced by tensorboard_trace_handler (see plain_main).
+    "plain-loop": {"no_dist", "premade_batches"},
+    "loader-bound": {"no_dist", "loader"},
+    "loader-fixed": {"no_dist", "loader", "loader_fixed"},
+    "loader-starved-workers": {"no_dist", "loader", "loader_fixed", "few_workers"},
+    "cold-start": {"no_dist", "premade_batches", "cold"},
 }
+
+# Loader scenarios: image-like samples made on the CPU in Dataset.__getitem__, a model that reads each image as
+# IMAGE_TOKENS tokens so compute grows with the batch without a huge weight matrix.
+IMAGE = (3, 64, 64)
+IMAGE_TOKENS = 64  # 3*64*64 = 64 tokens of 192 values
+LOADER_COST_RATIO = 2.5  # one process's loader time per batch, over the compute of one step (loader-bound)
+FEW_WORKERS = 2  # loader-starved-workers: two workers deliver a batch in about 1.25x the step's compute
+FIXED_LOADER = {"num_workers": 4, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 4}
 
 CUDA_MEMCPY_DEVICE_TO_HOST = 2  # cudaMemcpyKind
 PINNED_STAGING_BYTES = 1 << 16  # sync-memcpy: the pinned host buffer cudaMemset clears every step
@@ -140,6 +154,48 @@ class MLP(nn.Module):
         return self.head(x)
 
 
+class TokenMLP(nn.Module):
+    """Each image as IMAGE_TOKENS tokens through Linear+ReLU blocks, mean-pooled into a head."""
+
+    def __init__(self, width: int, depth: int, n_out: int):
+        super().__init__()
+        d_in = IMAGE[0] * IMAGE[1] * IMAGE[2] // IMAGE_TOKENS
+        self.inp = nn.Linear(d_in, width)
+        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.head = nn.Linear(width, n_out)
+
+    def forward(self, x):
+        x = torch.relu(self.inp(x.reshape(x.shape[0], IMAGE_TOKENS, -1)))
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        return self.head(x.mean(1))
+
+
+class AugmentedImages(torch.utils.data.Dataset):
+    """What an image pipeline does per sample on the CPU: decode, random flip, convert and normalise.
+
+    The decode is a busy loop of a fixed cost (it stands in for JPEG decoding, which torch's profiler does not see
+    either): the loader's cost is then the same on any CPU and set from the measured compute (calibrate_cost).
+    """
+
+    def __init__(self, n: int, cost_s: float, n_out: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        self.raw = [torch.randint(0, 256, IMAGE, dtype=torch.uint8, generator=g) for _ in range(8)]
+        self.n, self.cost_s, self.n_out = n, cost_s, n_out
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        end = time.perf_counter() + self.cost_s
+        while time.perf_counter() < end:  # "decode"
+            pass
+        img = self.raw[i % len(self.raw)]
+        if i % 2:
+            img = img.flip(-1)
+        return img.float().div_(255.0).sub_(0.5), i % self.n_out
+
+
 def _env_info(device: torch.device, pg_backend: str) -> dict:
     cuda = torch.cuda.is_available() and device.type == "cuda"
     nccl = None
@@ -160,6 +216,141 @@ def _env_info(device: torch.device, pg_backend: str) -> dict:
     }
 
 
+def plain_main(args, sc, traits) -> int:
+    """A single-process loop without torch.distributed, as most single-GPU scripts are written.
+
+    The trace goes through torch.profiler.tensorboard_trace_handler, so its name is the handler's default
+    (HOST_PID.TIMESTAMP.pt.trace.json) and its header has no distributedInfo.
+    """
+    out = Path(args.out)
+    cuda = args.backend == "cuda"
+    if cuda and torch.cuda.device_count() == 0:
+        print("error: --backend cuda but no CUDA device is visible", file=sys.stderr)
+        return 2
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    n_out = 16
+    torch.manual_seed(0)
+    loader_run = "loader" in traits
+    cold = "cold" in traits
+    if loader_run:
+        width, depth, batch = (2048, 3, 128) if cuda else (256, 2, 16)
+        model = TokenMLP(width, depth, n_out)
+    else:
+        width, depth, batch = (2048, 8, 2048) if cuda else (128, 6, 32)
+        model = MLP(width, depth, n_out)
+    state = {}
+
+    def to_device():
+        # model.to(device) copies the weights from pageable memory; a cold start does it inside the first step
+        state["model"] = model.to(device)
+        state["opt"] = torch.optim.SGD(state["model"].parameters(), lr=1e-3)
+
+    if not cold:
+        to_device()
+
+    def train_step(x, y):
+        opt = state["opt"]
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(state["model"](x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    warm = sc.warm_steps
+    # a cold start profiles from the very first step (no schedule): CUDA modules load lazily and cuBLAS initialises
+    # inside it, with the weights' copies to the device
+    total = args.steps if cold else warm + 2 + args.steps
+    info = _env_info(device, None)
+    workload = {"model": type(model).__name__, "width": width, "depth": depth, "batch": batch}
+    gen = torch.Generator().manual_seed(1234)
+    if loader_run:
+        # Calibrate: the compute of one step on a batch already on the device, then a per-sample CPU cost that makes
+        # one process's loader LOADER_COST_RATIO times slower than that compute (the fixed twin uses the same cost).
+        xb = torch.randn(batch, *IMAGE, device=device)
+        yb = torch.randint(0, n_out, (batch,), device=device)
+        times = []
+        for i in range(8):
+            if cuda:
+                torch.cuda.synchronize(device)
+            t = time.perf_counter()
+            train_step(xb, yb)
+            if cuda:
+                torch.cuda.synchronize(device)
+            if i >= 3:
+                times.append(time.perf_counter() - t)
+        compute_s = sorted(times)[len(times) // 2]
+        cost_s = LOADER_COST_RATIO * compute_s / batch
+        del xb, yb
+        loader_kw = dict(FIXED_LOADER) if "loader_fixed" in traits else {"num_workers": 0}
+        if "few_workers" in traits:
+            loader_kw["num_workers"] = FEW_WORKERS
+        if not cuda:
+            loader_kw.pop("pin_memory", None)  # nothing to pin for on a CPU run
+        ds = AugmentedImages(batch * total, cost_s, n_out, seed=1234)
+        loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=False, drop_last=True, **loader_kw)
+        non_blocking = bool(loader_kw.get("pin_memory"))
+        workload.update(compute_ms_per_step=round(compute_s * 1e3, 3), sample_cost_us=round(cost_s * 1e6, 1),
+                        loader_ms_per_batch_one_process=round(cost_s * batch * 1e3, 3),
+                        loader=loader_kw, non_blocking_copies=non_blocking)
+        batches = iter(enumerate(loader))
+    else:
+        def make_batch():
+            x = torch.randn(batch, width, generator=gen)
+            y = torch.randint(0, n_out, (batch,), generator=gen)
+            return (x.pin_memory(), y.pin_memory()) if cuda else (x, y)
+
+        # Made before the loop, as a prefetching loader would: the step only copies them in.
+        pool = [make_batch() for _ in range(total)]
+        non_blocking = cuda
+        batches = iter(enumerate(pool))
+    info["workload"] = workload
+    (out / ".env.json").write_text(json.dumps(info))
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda and not os.environ.get("TRACEQL_CAPTURE_UNDER_NSYS"):
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    # The handler's own default name (HOST_PID.TIMESTAMP.pt.trace.json.gz with use_gzip) and folder layout.
+    handler = torch.profiler.tensorboard_trace_handler(str(out), use_gzip=True)
+    status = 0
+    done = 0
+    t0 = time.perf_counter()
+    # A cold start records from the first step on: a schedule without wait or warm-up (with no schedule at all the
+    # profiler records no ProfilerStep ranges).
+    schedule = (torch.profiler.schedule(wait=0, warmup=0, active=args.steps, repeat=1) if cold else
+                torch.profiler.schedule(skip_first=warm, wait=1, warmup=1, active=args.steps, repeat=1))
+    with torch.profiler.profile(
+        activities=activities,
+        schedule=schedule,
+        on_trace_ready=handler,
+        record_shapes=False,
+        with_stack=False,
+    ) as prof:
+        try:
+            if cold:
+                to_device()
+            # As training scripts write it: the batch is fetched by the for statement, before the step's NVTX range
+            # opens, so in an nsys export the loader's wait falls between the step ranges.
+            for step, (x, y) in batches:
+                if cuda:
+                    torch.cuda.nvtx.range_push(f"step {step}")
+                x = x.to(device, non_blocking=non_blocking)
+                y = y.to(device, non_blocking=non_blocking)
+                train_step(x, y)
+                if cuda:
+                    torch.cuda.nvtx.range_pop()
+                prof.step()
+                done += 1
+        except Exception:
+            traceback.print_exc()
+            status = 1
+    if cuda:
+        torch.cuda.synchronize(device)
+    print(f"done: {done} of {total} steps, status {status}, {time.perf_counter() - t0:.1f}s; {workload}", flush=True)
+    return status
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", required=True)
@@ -171,6 +362,8 @@ def main(argv=None) -> int:
 
     sc = get(args.scenario)
     traits = TRAITS[sc.name]
+    if "no_dist" in traits:
+        return plain_main(args, sc, traits)
     out = Path(args.out)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))

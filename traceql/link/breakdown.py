@@ -3,6 +3,12 @@
 Communication is NCCL/RCCL kernels (kind comm); compute is every other kernel except memcpy/memset: the
 definitions Holistic Trace Analysis uses, so the numbers can be compared with it. Kernels belong to the step
 that launched them (link.steps). A rank without steps gets one row with step null covering its whole trace.
+
+idle_ms is the device's idle time inside the step's GPU span plus its lead gap: the idle time between the end of
+the previous GPU work and the step's first operation belongs to the step it delays (a training loop that waits
+for its next batch, or for the host, between steps). gpu_idle_gaps lists every such gap on each device's own
+timeline (all operations of one source, whichever step launched them), with the step it delays, whether it leads
+the step, what the host was doing, and how much of it the host spent fetching a batch (link.input_pipeline).
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ _PER = ["rank", "step"]
 
 
 def step_breakdown(run: Run) -> pl.DataFrame:
+    from traceql.link import ensure
+
     # only the columns used below: filtering the wide kernel table copies every column
     k = run.table("kernels").select("rank", "step", "kind", "ts", "end", "dur").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null())
     schema = {"rank": pl.Int32, "step": pl.Int64, "step_ms": pl.Float64, "gpu_span_ms": pl.Float64, "busy_ms": pl.Float64,
@@ -50,10 +58,88 @@ def step_breakdown(run: Run) -> pl.DataFrame:
         pl.col("comm_ms", "overlap_ms", "exposed_comm_ms").fill_null(0.0),
         (pl.col("gpu_span_ms") - pl.col("busy_ms")).clip(lower_bound=0.0).alias("idle_ms"),
     )
+    # Ranks with steps: idle is the gaps on the device's own timeline charged to the step (inside it and its lead-in
+    # since the previous work, e.g. the loop waiting for its next batch), not span minus busy of the step's kernels:
+    # when the host runs ahead, one step's kernels are spread between others' and that difference is not idle.
+    # Of two sources of one rank (their clocks differ) the one with more idle is kept, never their sum.
+    g = ensure(run, "gpu_idle_gaps").group_by(["rank", "source", "step"]).agg(pl.col("gap_ms").sum().alias("_gap_ms"))
+    g = g.group_by(_PER).agg(pl.col("_gap_ms").max())
+    out = out.join(g.with_columns(pl.col("rank").cast(out.schema["rank"])), on=_PER, how="left").with_columns(
+        pl.when(pl.col("step") == -1).then(pl.col("idle_ms")).otherwise(pl.col("_gap_ms").fill_null(0.0)).alias("idle_ms")
+    ).drop("_gap_ms")
     st = steps.select("rank", "source", "step", (pl.col("dur") / 1e6).alias("step_ms")).group_by(["rank", "step"]).agg(pl.col("step_ms").max())
     out = out.join(st.with_columns(pl.col("rank").cast(out.schema["rank"])), on=_PER, how="left")
     out = out.with_columns(pl.when(pl.col("step") == -1).then(None).otherwise(pl.col("step")).alias("step"))
     return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort(_PER, nulls_last=True)
 
 
-DERIVED = {"step_breakdown": step_breakdown}
+HOST_OP_MIN_GAP_MS = 0.05  # gaps shorter than this get no host_op (rules report gaps of a millisecond and more)
+GAP_SCHEMA = {"rank": pl.Int32, "source": pl.Int32, "device": pl.Int32, "step": pl.Int64, "gap_ts": pl.Int64,
+              "gap_end": pl.Int64, "gap_ms": pl.Float64, "lead": pl.Boolean, "prev_name": pl.Utf8, "next_name": pl.Utf8,
+              "host_op": pl.Utf8, "input_wait_ms": pl.Float64, "step_max_gap_ms": pl.Float64,
+              "typical_max_gap_ms": pl.Float64, "steps_judged": pl.Int64}
+
+
+def _raw_gaps(run: Run) -> pl.DataFrame:
+    """Gaps between busy stretches of each (rank, source, device), charged to the step of the operation after them."""
+    k = run.table("kernels").select("rank", "source", "device", "step", "ts", "end", "name").filter(
+        pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("rank").is_not_null())
+    if k.height == 0:
+        return pl.DataFrame(schema={c: t for c, t in GAP_SCHEMA.items() if c not in ("host_op", "input_wait_ms", "step_max_gap_ms", "typical_max_gap_ms", "steps_judged")})
+    k = k.with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), pl.col("device").fill_null(-1).cast(pl.Int32))
+    key = ["rank", "source", "device"]
+    k = k.sort([*key, "ts"], maintain_order=True).with_columns(pl.struct(key).rle_id().alias("_g"))
+    k = k.with_columns(pl.col("end").cum_max().over("_g").alias("_cm"))
+    k = k.with_columns(
+        pl.col("_cm").shift(1).over("_g").alias("_busy_until"),
+        # the operation that reached the running end last: the one whose end the gap starts from
+        pl.when(pl.col("end") == pl.col("_cm")).then(pl.col("name")).forward_fill().over("_g").shift(1).over("_g").alias("prev_name"),
+        pl.when(pl.col("end") == pl.col("_cm")).then(pl.col("step")).forward_fill().over("_g").shift(1).over("_g").alias("_prev_step"),
+    )
+    g = k.filter(pl.col("step").is_not_null() & (pl.col("ts") > pl.col("_busy_until")))
+    # A lead gap starts no earlier than the previous step's host range (for the first step: its own): idle time before
+    # profiling or between start-up and the loop is nobody's step.
+    st = run.table("steps").select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "step", "ts")
+    st = st.group_by("rank", "source", "step").agg(pl.col("ts").min().alias("_host_ts")).sort("rank", "source", "step")
+    st = st.with_columns(pl.col("_host_ts").shift(1).over("rank", "source").fill_null(pl.col("_host_ts")).alias("_floor"))
+    g = g.join(st.select("rank", "source", "step", "_floor"), on=["rank", "source", "step"], how="left")
+    lead = pl.col("_prev_step").is_null() | (pl.col("_prev_step") != pl.col("step"))
+    g = g.with_columns(
+        lead.alias("lead"),
+        pl.when(lead & pl.col("_floor").is_not_null()).then(pl.max_horizontal("_busy_until", "_floor"))
+        .otherwise(pl.col("_busy_until")).alias("gap_ts"),
+    ).filter(pl.col("ts") > pl.col("gap_ts"))
+    return g.select("rank", "source", "device", "step", "gap_ts", pl.col("ts").alias("gap_end"),
+                    ((pl.col("ts") - pl.col("gap_ts")) / 1e6).alias("gap_ms"), "lead", "prev_name",
+                    pl.col("name").alias("next_name"))
+
+
+def gpu_idle_gaps(run: Run) -> pl.DataFrame:
+    from traceql.link.context import host_context
+    from traceql.link.input_pipeline import input_wait_ns
+
+    g = _raw_gaps(run)
+    if g.height == 0:
+        return pl.DataFrame(schema=GAP_SCHEMA)
+    # what the host was doing, for gaps that can matter: a trace has a gap of a few microseconds between most
+    # kernels, and naming each would cost an as-of join per gap for nothing
+    named = g.filter(pl.col("gap_ms") >= HOST_OP_MIN_GAP_MS)
+    named = host_context(run, measures.short_names(named, ["prev_name", "next_name"]))
+    rest = measures.short_names(g.filter(pl.col("gap_ms") < HOST_OP_MIN_GAP_MS), ["prev_name", "next_name"]).with_columns(
+        pl.lit(None, pl.Utf8).alias("host_op"))
+    g = pl.concat([named.select(rest.columns), rest])
+    g = g.with_columns((input_wait_ns(run, g, "gap_ts", "gap_end") / 1e6).alias("input_wait_ms"))
+    # The rank's habit: the largest gap of each step with GPU work, its median over those steps (steps without a
+    # gap count as 0), so that one step (the first, loading CUDA modules) is not the run's pattern.
+    k = run.table("kernels").filter(pl.col("step").is_not_null()).select(
+        pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "step").unique()
+    worst = g.group_by("rank", "source", "step").agg(pl.col("gap_ms").max().alias("step_max_gap_ms"))
+    per_step = k.join(worst, on=["rank", "source", "step"], how="left").with_columns(pl.col("step_max_gap_ms").fill_null(0.0))
+    typical = per_step.group_by("rank", "source").agg(pl.col("step_max_gap_ms").median().alias("typical_max_gap_ms"),
+                                                     pl.len().cast(pl.Int64).alias("steps_judged"))
+    g = g.join(worst, on=["rank", "source", "step"], how="left").join(typical, on=["rank", "source"], how="left")
+    return g.select([pl.col(c).cast(t) for c, t in GAP_SCHEMA.items()]).sort("rank", "source", "device", "gap_ts")
+
+
+DERIVED = {"step_breakdown": step_breakdown, "gpu_idle_gaps": gpu_idle_gaps}
+NEEDS = {"gpu_idle_gaps": ["kernels"]}

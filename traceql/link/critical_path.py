@@ -254,7 +254,7 @@ def launch_bound(run: Run) -> pl.DataFrame:
     """
     schema = {"rank": pl.Int32, "step": pl.Int64, "step_ms": pl.Float64, "kernels": pl.Int64, "median_kernel_us": pl.Float64,
               "busy_ms": pl.Float64, "gap_ms": pl.Float64, "launch_gap_ms": pl.Float64, "launch_gap_pct": pl.Float64,
-              "launch_gaps": pl.Int64, "busy_pct": pl.Float64}
+              "launch_gaps": pl.Int64, "busy_pct": pl.Float64, "typical_launch_gap_pct": pl.Float64}
     k = run.table("kernels").select("rank", "source", "device", "ts", "end", "dur", "step", "correlation")
     k = k.filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("step").is_not_null())
     if k.height == 0:
@@ -269,13 +269,19 @@ def launch_bound(run: Run) -> pl.DataFrame:
     k = k.with_columns(pl.col("end").cum_max().shift(1).over("_dev").alias("_busy_until"))
     k = k.with_columns((pl.col("ts") - pl.col("_busy_until")).clip(lower_bound=0).alias("_gap"))
     k = k.with_columns(((pl.col("_gap") > 0) & pl.col("_lts").is_not_null() & (pl.col("_lts") >= pl.col("_busy_until"))).fill_null(False).alias("_lb"))
+    # A GPU that waits while the host fetches its next batch waits for data, not for launches (TQL210's case): the
+    # part of a gap the host spent in a DataLoader fetch is not launch time.
+    from traceql.link.input_pipeline import input_wait_ns
+
+    k = k.with_columns(input_wait_ns(run, k, "_busy_until", "ts").alias("_in"))
+    k = k.with_columns(pl.when(pl.col("_lb")).then((pl.col("_gap") - pl.col("_in")).clip(lower_bound=0)).otherwise(0).alias("_lgap"))
     per = ["rank", "step"]
     out = k.group_by(per).agg(
         pl.len().cast(pl.Int64).alias("kernels"),
         (pl.col("dur").median() / 1e3).alias("median_kernel_us"),
         (pl.col("_gap").sum() / 1e6).alias("gap_ms"),
-        (pl.col("_gap").filter(pl.col("_lb")).sum() / 1e6).alias("launch_gap_ms"),
-        pl.col("_lb").sum().cast(pl.Int64).alias("launch_gaps"),
+        (pl.col("_lgap").sum() / 1e6).alias("launch_gap_ms"),
+        (pl.col("_lgap") > 0).sum().cast(pl.Int64).alias("launch_gaps"),
     )
     from traceql.rules import measures
 
@@ -286,6 +292,8 @@ def launch_bound(run: Run) -> pl.DataFrame:
         pl.when(pl.col("step_ms") > 0).then(100.0 * pl.col("launch_gap_ms") / pl.col("step_ms")).alias("launch_gap_pct"),
         pl.when(pl.col("step_ms") > 0).then(100.0 * pl.col("busy_ms") / pl.col("step_ms")).alias("busy_pct"),
     )
+    # the rank's median step: one step (the first, loading CUDA modules between launches) is not the run's habit
+    out = out.with_columns(pl.col("launch_gap_pct").median().over("rank").alias("typical_launch_gap_pct"))
     return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort(per)
 
 

@@ -5,7 +5,8 @@ CHUNKS equal chunks; a chunk's utilisation is the time GPU operations (kernels, 
 overlap it, summed and divided by the chunk's length. Concurrent operations add up, so it can pass 100%; it is
 "time" utilisation, not how much of the GPU a kernel used. Nothing is done per row in Python: each operation is
 split into the chunks it touches with an exploded integer range and clipped. Where a rank has several sources,
-only the one with the most GPU time is used (their clocks differ).
+only the one with the most GPU time is used (their clocks differ). Where the source has steps, only the GPU work
+its steps launched counts, less warm-up steps that load CUDA modules (link.steps.warmup_steps).
 """
 
 from __future__ import annotations
@@ -18,8 +19,26 @@ from traceql.model import Run
 CHUNKS = 30  # nsys analyze gpu_time_util default (chunks=30)
 
 
+def _in_steps(run: Run, k: pl.DataFrame) -> pl.DataFrame:
+    """Where a source has steps, only its GPU operations launched in steps, less warm-up steps (CUDA modules loaded
+    lazily in them) while other steps remain: start-up (model.to(device) copies, NCCL set-up) and a first step that
+    loads modules are not the training loop. A source without steps keeps everything."""
+    from traceql.link import ensure
+
+    stepped = k.filter(pl.col("step").is_not_null())
+    if stepped.height == 0:
+        return k
+    warm = ensure(run, "warmup_steps").select("rank", "source", "step")
+    kept = stepped.join(warm, on=["rank", "source", "step"], how="anti")
+    # a source whose every step is a warm-up keeps them (nothing else to judge)
+    kept = pl.concat([kept, stepped.join(kept.select("rank", "source").unique(), on=["rank", "source"], how="anti")])
+    with_steps = stepped.select("rank", "source").unique()
+    rest = k.join(with_steps, on=["rank", "source"], how="anti")
+    return pl.concat([kept, rest]).drop("step")
+
+
 def gpu_time_util(run: Run) -> pl.DataFrame:
-    k = run.table("kernels").select("rank", "source", "device", "ts", "end", "dur").filter(pl.col("device").is_not_null() & pl.col("ts").is_not_null()
+    k = run.table("kernels").select("rank", "source", "device", "ts", "end", "dur", "step").filter(pl.col("device").is_not_null() & pl.col("ts").is_not_null()
                                     & pl.col("end").is_not_null() & (pl.col("end") >= pl.col("ts")))
     schema = {"rank": pl.Int32, "device": pl.Int32, "chunk": pl.Int64, "ts": pl.Int64, "end": pl.Int64,
               "chunk_ms": pl.Float64, "busy_ms": pl.Float64, "util_pct": pl.Float64, "step": pl.Int64}
@@ -31,6 +50,7 @@ def gpu_time_util(run: Run) -> pl.DataFrame:
             .sort(["rank", "_busy", "_n", "source"], descending=[False, True, True, False])
             .unique("rank", keep="first").select("rank", "source"))
     k = keys.join(k, best, ["rank", "source"], how="semi")
+    k = _in_steps(run, k)
     key = ["rank", "device"]
     span = k.group_by(key).agg(pl.col("ts").min().alias("t0"), pl.col("end").max().alias("t1"))
     # Chunk length rounded up to whole ns, as nsys does; the last chunk may then end past t1 and is cut there.

@@ -88,4 +88,43 @@ def step_times(run: Run) -> pl.DataFrame:
         [pl.col(c).cast(t) for c, t in schema.items()]).sort("rank", "step")
 
 
-DERIVED = {"step_times": step_times}
+# CUDA lazy loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 11.7 / 12.2): the first launch of each kernel
+# loads its module through these driver calls, so the step that first runs a kernel pays for it. nsys traces them.
+MODULE_LOADING = ("cuLibraryLoadData", "cuLibraryLoadFromFile", "cuModuleLoadData", "cuModuleLoadDataEx",
+                  "cuModuleLoadFatBinary", "cuModuleLoad")
+
+
+FIRST_STEP_OUTLIER = 3.0  # a first step this many times the median of the others is a warm-up step
+
+
+def warmup_steps(run: Run) -> pl.DataFrame:
+    """(rank, source, step, load_ms, reason) of warm-up steps, whose idle and launch gaps say how the process started,
+    not how it trains: steps whose runtime calls load CUDA modules (nsys records the driver calls), and a source's
+    first step when it lasts FIRST_STEP_OUTLIER times the median of its other steps and longer than any (Kineto records no driver calls:
+    lazy loading, cuBLAS initialisation, allocator growth and first-call autotuning show only as a long first step;
+    judged from three steps on)."""
+    schema = {"rank": pl.Int32, "source": pl.Int32, "step": pl.Int64, "load_ms": pl.Float64, "reason": pl.Utf8}
+    parts = []
+    rt = run.table("runtime")
+    if rt.height and "step" in rt.columns:
+        w = rt.filter(pl.col("name").is_in(MODULE_LOADING) & pl.col("step").is_not_null())
+        parts.append(w.group_by("rank", "source", "step").agg((pl.col("dur").sum() / 1e6).alias("load_ms"))
+                     .with_columns(pl.lit("CUDA modules loaded").alias("reason")))
+    st = run.table("steps").filter(pl.col("dur").is_not_null())
+    if st.height:
+        st = st.group_by("rank", "source", "step").agg(pl.col("dur").max()).sort("rank", "source", "step")
+        st = st.with_columns(pl.len().over("rank", "source").alias("_n"), pl.col("step").rank("ordinal").over("rank", "source").alias("_i"))
+        rest = st.filter(pl.col("_i") > 1).group_by("rank", "source").agg(pl.col("dur").median().alias("_med"),
+                                                                          pl.col("dur").max().alias("_max"))
+        first = st.filter((pl.col("_i") == 1) & (pl.col("_n") >= 3)).join(rest, on=["rank", "source"])
+        # longer than every other step too: a loop whose steps vary (waiting for data now and then) has no outlier
+        first = first.filter((pl.col("dur") > FIRST_STEP_OUTLIER * pl.col("_med")) & (pl.col("dur") > pl.col("_max")))
+        parts.append(first.select("rank", "source", "step", pl.lit(None, pl.Float64).alias("load_ms"),
+                                  pl.format("first step {}x the median step", (pl.col("dur") / pl.col("_med")).round(0).cast(pl.Int64)).alias("reason")))
+    if not parts:
+        return pl.DataFrame(schema=schema)
+    out = pl.concat([p.select([pl.col(c).cast(t) for c, t in schema.items()]) for p in parts])
+    return out.unique(["rank", "source", "step"], keep="first", maintain_order=True).sort("rank", "source", "step")
+
+
+DERIVED = {"step_times": step_times, "warmup_steps": warmup_steps}

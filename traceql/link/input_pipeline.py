@@ -1,0 +1,166 @@
+"""The input pipeline's cost per step: how long the training loop waited for its next batch.
+
+PyTorch's DataLoader wraps every batch fetch in a profiler range "enumerate(DataLoader)#<iterator>.__next__"
+(torch/utils/data/dataloader.py, _BaseDataLoaderIter.__next__): _SingleProcessDataLoaderIter when num_workers=0
+(the range holds the whole fetch in the training process: __getitem__, collate, pin_memory), and
+_MultiProcessingDataLoaderIter with worker processes (the range is the wait for a worker's batch). Its range is
+the host side of a data-loading stall; the GPU side is the device's idle time inside those ranges.
+
+input_stall, per rank, source and step:
+- loader_ms: union of the __next__ ranges in the step (host time spent fetching the batch);
+- stall_ms: what the wait cost. On a source with GPU activity, the time the device sat idle inside the loader's
+  ranges (a loader that returns while the GPU still runs the previous step costs nothing). On a source without GPU
+  activity (a CPU run, or the host-only Kineto trace of a run recorded under nsys), the host is the step's critical
+  path, so the whole loader time is its cost;
+- stall_pct: stall_ms over step_ms (the step's host range); typical_stall_pct: its median over the rank's steps
+  (a first step that waits for workers to start is not the run's habit);
+- pin_ms (aten::pin_memory / aten::_pin_memory host time in the step), h2d_ms and h2d_pageable (host-to-device
+  memcpy time on the GPU in the step, and how many of those copies came from pageable memory);
+- workers: "0" for _SingleProcessDataLoaderIter, ">0" for _MultiProcessingDataLoaderIter; advice: the fix that fits.
+
+input_wait_ns(run, df, ...) gives, for intervals on a rank's clock, how much of each the loader's ranges cover:
+launch_bound uses it so that a GPU waiting for data is not called launch-bound.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from traceql.model import Run
+
+LOADER_NEXT = r"^enumerate\(DataLoader\)#\w+\.__next__$"
+PIN_OPS = ("aten::pin_memory", "aten::_pin_memory")
+_KEY = ["rank", "source"]
+
+SCHEMA = {"rank": pl.Int32, "source": pl.Int32, "step": pl.Int64, "step_ms": pl.Float64, "loader_ms": pl.Float64,
+          "loader_calls": pl.Int64, "stall_ms": pl.Float64, "stall_pct": pl.Float64, "typical_stall_pct": pl.Float64,
+          "gpu_side": pl.Boolean, "iterator": pl.Utf8, "workers": pl.Utf8, "pin_ms": pl.Float64, "h2d_ms": pl.Float64,
+          "h2d_pageable": pl.Int64, "advice": pl.Utf8}
+
+
+def _segments(df: pl.DataFrame, key: list[str]) -> pl.DataFrame:
+    """Disjoint segments (key, seg_ts, seg_end) of the union of df's [ts, end) intervals, with the covered time
+    before each segment (cum_before), for cumulative look-ups."""
+    df = df.select(*key, "ts", "end").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null()
+                                            & (pl.col("end") >= pl.col("ts")))
+    if df.height == 0:
+        return pl.DataFrame(schema={**{k: df.schema[k] for k in key}, "seg_ts": pl.Int64, "seg_end": pl.Int64,
+                                    "cum_before": pl.Int64})
+    df = df.sort([*key, "ts"], maintain_order=True).with_columns(pl.struct(key).rle_id().alias("_g"))
+    df = df.with_columns(pl.col("end").cum_max().shift(1).over("_g").alias("_pm"))
+    df = df.with_columns((pl.col("_pm").is_null() | (pl.col("ts") > pl.col("_pm"))).cum_sum().alias("_seg"))
+    seg = df.group_by("_seg", maintain_order=True).agg(*[pl.col(k).first() for k in key], pl.col("ts").min().alias("seg_ts"),
+                                                        pl.col("end").max().alias("seg_end"), pl.col("_g").first())
+    seg = seg.with_columns((pl.col("seg_end") - pl.col("seg_ts")).alias("_len"))
+    seg = seg.with_columns((pl.col("_len").cum_sum().over("_g") - pl.col("_len")).alias("cum_before"))
+    return seg.select(*key, "seg_ts", "seg_end", "cum_before")
+
+
+def _covered_before(points: pl.DataFrame, col: str, seg: pl.DataFrame, key: list[str]) -> pl.Series:
+    """For each row's time `col`: how much of the segments' union lies before it (0 where none does)."""
+    p = points.select(*key, pl.col(col).alias("_t")).with_row_index("_i")
+    p = p.with_columns(pl.col(k).cast(seg.schema[k]) for k in key)
+    j = p.filter(pl.col("_t").is_not_null()).sort("_t").join_asof(
+        seg.sort("seg_ts"), left_on="_t", right_on="seg_ts", by=key, strategy="backward", check_sortedness=False)
+    j = j.with_columns((pl.col("cum_before") + (pl.min_horizontal("_t", "seg_end") - pl.col("seg_ts")).clip(lower_bound=0))
+                       .fill_null(0).alias("_c"))
+    out = pl.repeat(0, points.height, dtype=pl.Int64, eager=True).alias("covered")
+    return out.scatter(j["_i"], j["_c"].cast(pl.Int64)) if j.height else out
+
+
+def covered_ns(df: pl.DataFrame, seg: pl.DataFrame, key: list[str], a: str = "ts", b: str = "end") -> pl.Series:
+    """How much of each row's [a, b) the segments cover (ns), on the row's own key (rank, source)."""
+    if df.height == 0 or seg.height == 0:
+        return pl.repeat(0, df.height, dtype=pl.Int64, eager=True).alias("covered")
+    return (_covered_before(df, b, seg, key) - _covered_before(df, a, seg, key)).clip(lower_bound=0).alias("covered")
+
+
+def loader_ops(run: Run) -> pl.DataFrame:
+    h = run.table("host_ops")
+    if h.height == 0:
+        return h.select("rank", "source", "step", "ts", "end", "name")
+    return h.filter(pl.col("name").str.contains(LOADER_NEXT)).select(
+        pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "step", "ts", "end", "name")
+
+
+def input_wait_ns(run: Run, df: pl.DataFrame, a: str, b: str) -> pl.Series:
+    """For rows with rank, source and an interval [a, b) on that source's clock: the part of it the host spent
+    inside a DataLoader fetch (0 where the run has none)."""
+    ops = loader_ops(run)
+    if ops.height == 0 or df.height == 0:
+        return pl.repeat(0, df.height, dtype=pl.Int64, eager=True).alias("covered")
+    keyed = df.select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), a, b)
+    return covered_ns(keyed, _segments(ops, _KEY), _KEY, a, b)
+
+
+def _advice(workers: str | None, pageable: int, pin_ms: float) -> str:
+    parts = []
+    if workers == "0":
+        parts.append("batches are loaded in the training process (num_workers=0): set num_workers (e.g. 4-8 per GPU)"
+                     " with persistent_workers=True and prefetch_factor")
+    elif workers == ">0":
+        parts.append("the worker processes do not keep up: more num_workers, a larger prefetch_factor, "
+                     "persistent_workers=True, or cheaper per-sample work (decode/augment on the GPU)")
+    if pageable:
+        parts.append("batches are copied from pageable memory: pin_memory=True and .to(device, non_blocking=True)")
+    elif pin_ms > 0 and workers == "0":
+        parts.append("pinning runs inside the fetch too")
+    return "; ".join(parts) or "see the loader's host ops"
+
+
+def input_stall(run: Run) -> pl.DataFrame:
+    ops = loader_ops(run).filter(pl.col("step").is_not_null())
+    if ops.height == 0:
+        return pl.DataFrame(schema=SCHEMA)
+    per = [*_KEY, "step"]
+    # one row per fetch window (nested ranges of one fetch merge), then its GPU-idle share
+    win = _segments(ops, per).select(*per, pl.col("seg_ts").alias("ts"), pl.col("seg_end").alias("end"))
+    k = run.table("kernels").select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "ts", "end", "step",
+                                    "kind", *[c for c in ("copy_kind", "src_memory", "dur") if c in run.table("kernels").columns])
+    gpu_sources = k.select(_KEY).unique()
+    busy = covered_ns(win, _segments(k, _KEY), _KEY)
+    win = win.with_columns((pl.col("end") - pl.col("ts")).alias("_len"), busy.alias("_busy"))
+    win = win.join(gpu_sources.with_columns(pl.lit(True).alias("gpu_side")), on=_KEY, how="left").with_columns(
+        pl.col("gpu_side").fill_null(False))
+    win = win.with_columns(pl.when(pl.col("gpu_side")).then(pl.col("_len") - pl.col("_busy")).otherwise(pl.col("_len"))
+                           .clip(lower_bound=0).alias("_stall"))
+    out = win.group_by(per).agg((pl.col("_len").sum() / 1e6).alias("loader_ms"), (pl.col("_stall").sum() / 1e6).alias("stall_ms"),
+                                pl.col("gpu_side").first())
+    calls = ops.group_by(per).agg(pl.len().cast(pl.Int64).alias("loader_calls"),
+                                  pl.col("name").mode().sort().first().alias("_name"))
+    out = out.join(calls, on=per, how="left")
+    out = out.with_columns(
+        pl.col("_name").str.extract(r"#(\w+)\.__next__", 1).alias("iterator"),
+    ).with_columns(
+        pl.when(pl.col("iterator").str.contains("SingleProcess")).then(pl.lit("0"))
+        .when(pl.col("iterator").str.contains("MultiProcessing")).then(pl.lit(">0")).otherwise(None).alias("workers"))
+    st = run.table("steps").select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "step", "dur")
+    st = st.group_by(per).agg((pl.col("dur").max() / 1e6).alias("step_ms"))
+    out = out.join(st, on=per, how="left")
+    h = run.table("host_ops")
+    pin = (h.filter(pl.col("name").is_in(PIN_OPS) & pl.col("step").is_not_null())
+           .select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "step", "ts", "end"))
+    # pin time by rank and step from any source of the rank (pinning runs on the loader's thread or its own)
+    pin_ms = (_segments(pin, per).group_by(["rank", "step"]).agg(((pl.col("seg_end") - pl.col("seg_ts")).sum() / 1e6).alias("pin_ms"))
+              if pin.height else pl.DataFrame(schema={"rank": pl.Int32, "step": pl.Int64, "pin_ms": pl.Float64}))
+    out = out.join(pin_ms, on=["rank", "step"], how="left")
+    if "copy_kind" in k.columns:
+        h2d = k.filter((pl.col("kind") == "memcpy") & (pl.col("copy_kind") == "HtoD") & pl.col("step").is_not_null())
+        h2d = h2d.group_by(["rank", "step"]).agg(
+            ((pl.col("end") - pl.col("ts")).sum() / 1e6).alias("h2d_ms"),
+            (pl.col("src_memory") == "pageable").sum().cast(pl.Int64).alias("h2d_pageable")
+            if "src_memory" in k.columns else pl.lit(0, pl.Int64).alias("h2d_pageable"))
+        out = out.join(h2d, on=["rank", "step"], how="left")
+    else:
+        out = out.with_columns(pl.lit(None, pl.Float64).alias("h2d_ms"), pl.lit(None, pl.Int64).alias("h2d_pageable"))
+    out = out.with_columns(pl.col("pin_ms", "h2d_ms").fill_null(0.0), pl.col("h2d_pageable").fill_null(0))
+    out = out.with_columns(pl.when(pl.col("step_ms") > 0).then(100.0 * pl.col("stall_ms") / pl.col("step_ms")).alias("stall_pct"))
+    # the rank's habit: the median step of the source that saw the loader (one source per rank holds its host ops)
+    out = out.with_columns(pl.col("stall_pct").median().over(_KEY).alias("typical_stall_pct"))
+    adv = [_advice(w, p, m) for w, p, m in out.select("workers", "h2d_pageable", "pin_ms").iter_rows()]
+    out = out.with_columns(pl.Series("advice", adv, dtype=pl.Utf8))
+    return out.select([pl.col(c).cast(t) for c, t in SCHEMA.items()]).sort(per)
+
+
+DERIVED = {"input_stall": input_stall}
+NEEDS = {"input_stall": ["host_ops"]}
