@@ -4,7 +4,8 @@ that read the same tables).
 - step_ms: the longer of the step's host range and its GPU span (link.steps.step_times).
 - comm_ms, compute_ms, overlap_ms, exposed_comm_ms, comm_comp_overlap_pct: the activity table's communication
   against its compute, on the side where the rank's communication runs (side: "gpu" for NCCL kernels, "host" for
-  collectives with no kernel, gloo), exactly what TQL101 measures.
+  collectives with no kernel, gloo), exactly what TQL101 measures. A rank without communication (side null) has
+  the union of its compute kernels as compute_ms.
 - wait_ms: the union of the rank's waits for later ranks in matched collectives; busy_ms = step_ms - wait_ms
   (link.balance.step_balance).
 - gpu_busy_ms, gpu_idle_ms, kernel_time_ms, kernels: the GPU's view (link.breakdown.step_breakdown): union of all
@@ -66,7 +67,7 @@ def step_metrics(run: Run) -> pl.DataFrame:
     ranks_with_steps = set(st["rank"].drop_nulls().to_list())
     bd = ensure(run, "step_breakdown").select(
         pl.col("rank").cast(pl.Int32), pl.col("step").fill_null(_NO_STEP).cast(pl.Int64), pl.col("gpu_span_ms").alias("_bd_span"),
-        pl.col("busy_ms").alias("gpu_busy_ms"), pl.col("idle_ms").alias("gpu_idle_ms"), "kernel_time_ms", "kernels")
+        pl.col("busy_ms").alias("gpu_busy_ms"), pl.col("compute_ms").alias("_bd_compute"), pl.col("idle_ms").alias("gpu_idle_ms"), "kernel_time_ms", "kernels")
     cov = _comm_coverage(run, ranks_with_steps)
     bal = ensure(run, "step_balance").select(pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int64), "wait_ms")
     # the rows: every step of every rank, plus the whole trace of ranks without steps that have activity
@@ -81,6 +82,9 @@ def step_metrics(run: Run) -> pl.DataFrame:
     out = keys.join(bd, on=_PER, how="left").join(cov, on=_PER, how="left").join(bal, on=_PER, how="left")
     whole = pl.col("step") == _NO_STEP
     out = out.with_columns(
+        # a rank with no communication at all is not in activity: its compute is its compute kernels' union
+        pl.coalesce("compute_ms", "_bd_compute").alias("compute_ms"),
+    ).with_columns(
         pl.when(whole).then(pl.col("_bd_span")).otherwise(pl.col("gpu_span_ms")).alias("gpu_span_ms"),
         pl.when(whole).then(pl.col("_bd_span")).otherwise(pl.col("step_ms")).alias("step_ms"),
         pl.col("comm_ms", "compute_ms", "overlap_ms", "exposed_comm_ms", "wait_ms", "kernel_time_ms").fill_null(0.0),
