@@ -169,7 +169,9 @@ def _finding_steps(f) -> set:
     s = set()
     if f.step is not None:
         s.add(f.step)
-    for x in (f.evidence or {}).get("steps") or []:
+    steps = (f.evidence or {}).get("steps")
+    # the collapsed findings' list of steps; some rules' evidence has a count of steps under that name instead
+    for x in steps if isinstance(steps, list) else []:
         s.add(x)
     return s
 
@@ -197,7 +199,8 @@ def choose_step(result: CheckResult) -> int | None:
 def _timeline(result: CheckResult, step: int | None) -> str:
     run = result.run
     out = ["<section id=timeline>"]
-    k = run.table("kernels").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null())
+    # a trace that names no rank (amd_trace, triton_example in HTA's tests) has kernels, but no lane to draw them in
+    k = run.table("kernels").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("rank").is_not_null())
     if k.height == 0:
         return "<section id=timeline><h2>Timeline</h2><p class=note>No GPU kernels in this run: no timeline.</p></section>"
     step = step if step is not None else choose_step(result)
@@ -205,13 +208,14 @@ def _timeline(result: CheckResult, step: int | None) -> str:
     steps = run.table("steps")
     windows: dict[int, tuple[int, int]] = {}
     if step is not None:
-        sw = al(steps.filter(pl.col("step") == step), ["ts", "end"])
+        sw = al(steps.filter((pl.col("step") == step) & pl.col("rank").is_not_null()), ["ts", "end"])
         for r, ts, end in sw.group_by("rank").agg(pl.col("ts").min(), pl.col("end").max()).iter_rows():
             windows[int(r)] = (ts, end)
         k = k.filter(pl.col("step") == step)
-        host = run.table("host_ops").filter((pl.col("step") == step) & (pl.col("depth") == 0) & pl.col("ts").is_not_null())
+        host = run.table("host_ops").filter((pl.col("step") == step) & (pl.col("depth") == 0) & pl.col("ts").is_not_null()
+                                            & pl.col("rank").is_not_null())
     else:
-        host = run.table("host_ops").filter((pl.col("depth") == 0) & pl.col("ts").is_not_null())
+        host = run.table("host_ops").filter((pl.col("depth") == 0) & pl.col("ts").is_not_null() & pl.col("rank").is_not_null())
     k = al(k, ["ts", "end"])
     host = al(host, ["ts", "end"])
     for r, ts, end in k.group_by("rank").agg(pl.col("ts").min(), pl.col("end").max()).iter_rows():

@@ -33,6 +33,8 @@ def _hta_overlap(run: Run) -> dict[int, float | None]:
     seen_comm_ms: dict[int, float] = {}
     kernels = run.table("kernels").filter(pl.col("kind").is_in(["comm", "compute"]) & pl.col("ts").is_not_null())
     for (rank, source), k in kernels.partition_by(["rank", "source"], as_dict=True).items():
+        if rank is None:  # a trace that names no rank: not one of run.ranks, nothing to report it under
+            continue
         k = k.with_columns(ts=((pl.col("ts") + us - 1) // us) * us, end=(pl.col("end") // us) * us).filter(pl.col("end") >= pl.col("ts"))
         st = run.table("steps").filter((pl.col("rank") == rank) & (pl.col("source") == source))
         if st.height >= 2:

@@ -11,6 +11,7 @@ import polars as pl
 from traceql import link
 from traceql.link.context import host_context
 from traceql.model import Finding, Run
+from traceql.model.ranks import format_ranks
 from traceql.rules import measures
 from traceql.rules.condition import ConditionError, compile_condition
 from traceql.rules.loader import Rule
@@ -191,26 +192,110 @@ def _sql(run: Run, rule: Rule) -> pl.DataFrame:
 # ---------------------------------------------------------------- findings
 
 
+# A message stays readable: a list longer than this is cut ("and 40 more"), the whole list going to the evidence
+MAX_LIST_ITEMS = 5
+# a text value longer than this (a list built by a link table, a long reason) is cut, the whole text to the evidence
+MAX_VALUE_CHARS = 300
+# Stands in for a missing value while a message is formatted; the clause holding it is dropped afterwards
+_MISSING = "\ue000"
+
+
 class _SafeFormatter(string.Formatter):
-    """str.format without attribute or index access, and tolerant of missing or null values."""
+    """str.format without attribute or index access, tolerant of missing or null values, and keeping messages short.
+
+    A missing or null value never shows as a placeholder: the clause that holds it is left out (see _drop_missing).
+    Lists show their first MAX_LIST_ITEMS items and how many more there are (rank and step lists as ranges, "0-3, 7");
+    long "; "-separated texts show their first items and how many more. `shortened` collects the fields that were
+    cut, so that the finding's evidence can carry them whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.shortened: set[str] = set()
 
     def get_field(self, field_name, args, kwargs):
         if "." in field_name or "[" in field_name:
             raise ValueError(f"field {field_name!r}: attribute and index access are not allowed in messages")
-        return kwargs.get(field_name), field_name
+        return (field_name, kwargs.get(field_name)), field_name
 
     def format_field(self, value, format_spec):
+        name, value = value
         if value is None or (isinstance(value, float) and math.isnan(value)):
-            return "?"
-        if isinstance(value, list):
-            value = ", ".join(str(v) for v in value)
+            return _MISSING
+        if isinstance(value, (list, tuple)):
+            return self._list(name, list(value))
         try:
-            return format(value, format_spec)
+            out = format(value, format_spec)
         except (ValueError, TypeError):
-            return str(value)
+            out = str(value)
+        return self._text(name, out) if isinstance(value, str) else out
+
+    def _list(self, name: str, items: list) -> str:
+        items = [x for x in items if x is not None]
+        if not items:
+            return "none"
+        if name.endswith(("ranks", "steps", "rank", "step")) and all(isinstance(x, int) for x in items):
+            runs = format_ranks(items).split(", ")
+            if len(runs) <= MAX_LIST_ITEMS:
+                return ", ".join(runs)
+            self.shortened.add(name)
+            shown = runs[:MAX_LIST_ITEMS]
+            rest = len(set(items)) - sum(_run_len(r) for r in shown)
+            return f"{', '.join(shown)} and {rest} more"
+        if len(items) <= MAX_LIST_ITEMS:
+            return ", ".join(str(x) for x in items)
+        self.shortened.add(name)
+        return f"{', '.join(str(x) for x in items[:MAX_LIST_ITEMS])} and {len(items) - MAX_LIST_ITEMS} more"
+
+    def _text(self, name: str, text: str) -> str:
+        parts = text.split("; ")
+        if len(parts) > MAX_LIST_ITEMS + 1:
+            self.shortened.add(name)
+            text = "; ".join(parts[:MAX_LIST_ITEMS]) + f"; and {len(parts) - MAX_LIST_ITEMS} more"
+        if len(text) > MAX_VALUE_CHARS:
+            self.shortened.add(name)
+            text = text[:MAX_VALUE_CHARS].rstrip() + "... (the whole text is in the evidence)"
+        return text
 
 
-_FMT = _SafeFormatter()
+def _run_len(run: str) -> int:
+    a, _, b = run.partition("-")
+    return int(b) - int(a) + 1 if b else 1
+
+
+def _drop_missing(msg: str) -> str:
+    """The message without the clauses that hold a missing value.
+
+    A clause runs from the delimiter before the value (", ", "; " or an opening parenthesis) to the next one
+    (",", ";", ")" or " ("): "(4% overlapped, ? ms step; median ...)" becomes "(4% overlapped; median ...)", and a
+    parenthesis holding nothing else goes entirely. A value with no clause around it (the subject of the sentence)
+    reads "unknown"."""
+    while _MISSING in msg:
+        i = msg.index(_MISSING)
+        left = max((msg.rfind(d, 0, i), d) for d in (", ", "; ", "("))
+        p, d = left
+        ends = [(msg.find(x, i), x) for x in (",", ";", ")", " (")]
+        ends = [e for e in ends if e[0] >= 0]
+        q, x = min(ends) if ends else (len(msg), "")
+        if p < 0 or (d == "(" and x in (" (", "")):
+            msg = msg[:i] + "unknown" + msg[i + 1:]
+        elif d == "(" and x == ")":
+            start = p - 1 if p > 0 and msg[p - 1] == " " else p
+            msg = msg[:start] + msg[q + 1:]
+        elif d == "(":  # the first clause inside a parenthesis: drop it and the delimiter after it
+            end = q + 1
+            while end < len(msg) and msg[end] == " ":
+                end += 1
+            msg = msg[:p + 1] + msg[end:]
+        else:
+            msg = msg[:p] + msg[q:]
+    return msg
+
+
+def format_message(template: str, values: dict) -> tuple[str, set[str]]:
+    """The rule's message for one row, and the fields shortened in it (their whole values belong in the evidence)."""
+    fmt = _SafeFormatter()
+    msg = fmt.format(template, **values)
+    return _drop_missing(msg), fmt.shortened
 
 
 def _jsonable(v):
@@ -275,7 +360,7 @@ def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
     for row in out.iter_rows(named=True):
         ctx = {**values, **row}
         try:
-            msg = _FMT.format(rule.message, **ctx)
+            msg, shortened = format_message(rule.message, ctx)
         except (ValueError, KeyError) as e:
             return RuleResult(rule, "error", f"{rule.path.name}: field 'message': {e}")
         ranks = row.get(rule.ranks_column)
@@ -289,6 +374,9 @@ def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
         for k in ("steps", "n_rows"):
             if k in row:
                 evidence[k] = _jsonable(row[k])
+        for k in sorted(shortened):  # what the message cut short, whole
+            if k not in evidence and k in ctx:
+                evidence[k] = _jsonable(ctx[k])
         loc = {k: _jsonable(row.get(k)) for k in rule.location if k in row}
         findings.append(
             Finding(
