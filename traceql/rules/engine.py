@@ -195,7 +195,7 @@ def _sql(run: Run, rule: Rule) -> pl.DataFrame:
 # A message stays readable: a list longer than this is cut ("and 40 more"), the whole list going to the evidence
 MAX_LIST_ITEMS = 5
 # a text value longer than this (a list built by a link table, a long reason) is cut, the whole text to the evidence
-MAX_VALUE_CHARS = 300
+MAX_VALUE_CHARS = 400
 # Stands in for a missing value while a message is formatted; the clause holding it is dropped afterwards
 _MISSING = "\ue000"
 
@@ -248,10 +248,14 @@ class _SafeFormatter(string.Formatter):
 
     def _text(self, name: str, text: str) -> str:
         parts = text.split("; ")
-        if len(parts) > MAX_LIST_ITEMS + 1:
+        keep = min(len(parts), MAX_LIST_ITEMS)
+        # whole items, as many as fit (at least one): a cut inside an item reads as a wrong value
+        while keep > 1 and len("; ".join(parts[:keep])) > MAX_VALUE_CHARS:
+            keep -= 1
+        if keep < len(parts):
             self.shortened.add(name)
-            text = "; ".join(parts[:MAX_LIST_ITEMS]) + f"; and {len(parts) - MAX_LIST_ITEMS} more"
-        if len(text) > MAX_VALUE_CHARS:
+            text = "; ".join(parts[:keep]) + f"; and {len(parts) - keep} more"
+        if len(text) > MAX_VALUE_CHARS + 40:
             self.shortened.add(name)
             text = text[:MAX_VALUE_CHARS].rstrip() + "... (the whole text is in the evidence)"
         return text
