@@ -16,7 +16,8 @@ from __future__ import annotations
 import polars as pl
 
 from traceql import link
-from traceql.link.collectives import clock_error_ms, wait_union
+from traceql.link.clock import clock_error_ms
+from traceql.link.collectives import wait_union
 from traceql.model import Run
 
 SCHEMA = {"rank": pl.Int32, "step": pl.Int64, "step_ms": pl.Float64, "wait_ms": pl.Float64, "busy_ms": pl.Float64}

@@ -409,23 +409,6 @@ def wait_union(ci: pl.DataFrame, per: list[str]) -> pl.DataFrame:
     return w.group_by("_g").agg(*[pl.col(k).first() for k in per], adds.sum().alias("_u")).drop("_g")
 
 
-def clock_error_ms(run: Run) -> pl.DataFrame:
-    """Per rank: how far a wait measured between this rank and another can be off because of clock alignment, the
-    alignment residual of the rank plus the largest residual among the other ranks (ms). Null where unaligned."""
-    from traceql.link import ensure
-
-    off = ensure(run, "clock_offsets")
-    if off.height == 0:
-        return pl.DataFrame(schema={"rank": pl.Int32, "clock_error_ms": pl.Float64})
-    res = off.select(pl.col("rank").cast(pl.Int32), (pl.col("residual_us") / 1e3).alias("_r"))
-    rows = []
-    for r, own in res.iter_rows():
-        others = [x for q, x in res.iter_rows() if q != r]
-        err = None if own is None or any(x is None for x in others) else own + max(others, default=0.0)
-        rows.append((r, err))
-    return pl.DataFrame(rows, schema={"rank": pl.Int32, "clock_error_ms": pl.Float64}, orient="row")
-
-
 def straggler_summary(run: Run) -> pl.DataFrame:
     """Per rank, over the collectives matched on two or more ranks: how often it arrived last, the wait its late
     arrivals caused the others (per other rank, the union of its wait intervals at those calls, summed over the
@@ -478,6 +461,8 @@ def straggler_summary(run: Run) -> pl.DataFrame:
     per = per.with_columns(
         (pl.when(pl.lit(total_wait) > 0).then(100.0 * pl.col("wait_caused_ms") / pl.lit(total_wait))).alias("caused_share_pct")
     )
+    from traceql.link.clock import clock_error_ms
+
     per = per.join(clock_error_ms(run), on="rank", how="left")
     return per.select([pl.col(k).cast(t) for k, t in schema.items()]).sort("rank")
 

@@ -385,15 +385,16 @@ def _heatmap(run) -> str:
         + "</p>"
     )
     out.append(f"<div class=scroll><svg width='{w}' height='{h}' class=heat role=img aria-label='collective wait heatmap'>{labels}{''.join(cells)}</svg></div>")
-    if "skew_ms" in ci.columns and "last_arriver" in ci.columns:
-        per = (
-            ci.filter(pl.col("is_last")) if "is_last" in ci.columns else ci
-        ).group_by("rank").agg(pl.len().alias("n_last"), pl.col("skew_ms").sum().alias("skew_ms"))
-        if per.height:
-            out.append("<table class=grid><thead><tr><th>rank</th><th>arrived last</th><th>wait it caused (skew, ms)</th></tr></thead><tbody>")
-            for r, n, s in per.sort("skew_ms", descending=True).iter_rows():
-                out.append(f"<tr><td>{e(r)}</td><td>{e(n)}</td><td>{_ms(s)}</td></tr>")
-            out.append("</tbody></table>")
+    # who made the others wait, with straggler_summary's numbers (what TQL302 reads): per waiting rank the union of
+    # its waits, so collectives in flight together count once
+    ss = link.ensure(run, "straggler_summary").filter(pl.col("n_last") > 0)
+    if ss.height:
+        out.append("<table class=grid><thead><tr><th>rank</th><th>arrived last</th><th>wait it caused (ms, total)</th>"
+                   "<th>per other rank and step (ms)</th><th>clock error (ms)</th></tr></thead><tbody>")
+        for r in ss.sort("wait_caused_ms", descending=True).iter_rows(named=True):
+            out.append(f"<tr><td>{e(r['rank'])}</td><td>{e(r['n_last'])} of {e(r['n_collectives'])}</td><td>{_ms(r['wait_caused_ms'])}</td>"
+                       f"<td>{_ms(r['wait_caused_per_step_ms'])}</td><td>{_num(r['clock_error_ms'], 3)}</td></tr>")
+        out.append("</tbody></table>")
     out.append("</section>")
     return "\n".join(out)
 

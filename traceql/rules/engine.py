@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import string
 from dataclasses import dataclass, field
 
@@ -198,6 +199,7 @@ MAX_LIST_ITEMS = 5
 MAX_VALUE_CHARS = 400
 # Stands in for a missing value while a message is formatted; the clause holding it is dropped afterwards
 _MISSING = "\ue000"
+_RANK_TEXT = re.compile(r"\[?\s*\d+(\s*,\s*\d+)*\s*\]?")
 
 
 class _SafeFormatter(string.Formatter):
@@ -223,6 +225,9 @@ class _SafeFormatter(string.Formatter):
             return _MISSING
         if isinstance(value, (list, tuple)):
             return self._list(name, list(value))
+        if isinstance(value, str) and name.endswith("ranks") and _RANK_TEXT.fullmatch(value):
+            # ranks a link table joined into text ("0,1,2,...,1023"): as ranges, like a list of ranks
+            return self._list(name, [int(x) for x in re.findall(r"\d+", value)])
         try:
             out = format(value, format_spec)
         except (ValueError, TypeError):
