@@ -271,6 +271,42 @@ def _run_len(run: str) -> int:
     return int(b) - int(a) + 1 if b else 1
 
 
+def _clause_start(msg: str, i: int) -> tuple[int, str]:
+    """The delimiter that opens the clause holding position i: the nearest ", " or "; " or unclosed "(" before it,
+    skipping parentheses that close before i ("rank(s)")."""
+    depth = 0
+    for j in range(i - 1, -1, -1):
+        ch = msg[j]
+        if ch == ")":
+            depth += 1
+        elif ch == "(":
+            if depth == 0:
+                return j, "("
+            depth -= 1
+        elif depth == 0 and msg[j:j + 2] in (", ", "; "):
+            return j, msg[j:j + 2]
+    return -1, ""
+
+
+def _clause_end(msg: str, i: int) -> tuple[int, str]:
+    """The delimiter that ends the clause holding position i: the next "," or ";" or ")" at its depth, or " (" that
+    opens a parenthesis after it."""
+    depth = 0
+    for j in range(i + 1, len(msg)):
+        ch = msg[j]
+        if ch == "(":
+            if depth == 0 and msg[j - 1] == " ":
+                return j - 1, " ("
+            depth += 1
+        elif ch == ")":
+            if depth == 0:
+                return j, ")"
+            depth -= 1
+        elif depth == 0 and ch in ",;":
+            return j, ch
+    return len(msg), ""
+
+
 def _drop_missing(msg: str) -> str:
     """The message without the clauses that hold a missing value.
 
@@ -280,11 +316,8 @@ def _drop_missing(msg: str) -> str:
     reads "unknown"."""
     while _MISSING in msg:
         i = msg.index(_MISSING)
-        left = max((msg.rfind(d, 0, i), d) for d in (", ", "; ", "("))
-        p, d = left
-        ends = [(msg.find(x, i), x) for x in (",", ";", ")", " (")]
-        ends = [e for e in ends if e[0] >= 0]
-        q, x = min(ends) if ends else (len(msg), "")
+        p, d = _clause_start(msg, i)
+        q, x = _clause_end(msg, i)
         if p < 0 or (d == "(" and x in (" (", "")):
             msg = msg[:i] + "unknown" + msg[i + 1:]
         elif d == "(" and x == ")":
