@@ -219,6 +219,10 @@ class _SafeFormatter(string.Formatter):
             raise ValueError(f"field {field_name!r}: attribute and index access are not allowed in messages")
         return (field_name, kwargs.get(field_name)), field_name
 
+    def convert_field(self, value, conversion):
+        name, v = value  # get_field hands on (name, value): the name decides how a list reads
+        return name, (v if v is None else super().convert_field(v, conversion))
+
     def format_field(self, value, format_spec):
         name, value = value
         if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -232,6 +236,7 @@ class _SafeFormatter(string.Formatter):
             out = format(value, format_spec)
         except (ValueError, TypeError):
             out = str(value)
+        out = out.replace(_MISSING, "")  # a value from a trace cannot pose as a missing one
         return self._text(name, out) if isinstance(value, str) else out
 
     def _list(self, name: str, items: list) -> str:
