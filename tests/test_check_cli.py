@@ -109,16 +109,21 @@ def test_nothing_analysable_exits_2(tmp_path):
 def test_summary_contract(two_ranks):
     r = run_cli("summary", two_ranks, "--format", "json")
     assert r.exit_code == 0, r.output
-    ranks = json.loads(r.stdout)["ranks"]
+    data = json.loads(r.stdout)
+    ranks = data["ranks"]
     assert set(ranks) == {"0", "1"}
     for row in ranks.values():
-        assert set(row) >= {"steps", "step_time_ms", "kernel_time_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "comm_comp_overlap_pct", "idle_ms", "kernels"}
-        assert row["exposed_comm_ms"] <= row["comm_ms"]
-        if row["comm_comp_overlap_pct"] is None:  # gloo (samples/demo): no communication kernel to overlap
-            assert row["comm_ms"] == 0
-        else:
+        # every column is defined, and every number says whether it is a per-step median or a total
+        assert set(row) == set(data["columns"])
+        assert {k for k in row if k.endswith(("_median", "_total"))} >= {
+            "step_time_ms_median", "compute_ms_median", "comm_ms_median", "exposed_comm_ms_median", "idle_ms_median",
+            "exposed_comm_ms_total", "kernels_total"}
+        assert row["exposed_comm_ms_total"] <= row["comm_ms_total"]
+        assert row["comm_ms_total"] > 0  # communication on the host (gloo) counts as communication too
+        if row["comm_comp_overlap_pct"] is not None:  # HTA's window: GPU communication kernels only
             assert 0 <= row["comm_comp_overlap_pct"] <= 100
-        assert row["kernels"] > 0
+        assert 0 <= row["comm_comp_overlap_pct_steps"] <= 100
+        assert 0 < row["kernels_in_steps"] <= row["kernels_total"]
 
 
 def test_cache_gives_the_same_answer(two_ranks):

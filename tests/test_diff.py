@@ -55,21 +55,23 @@ def test_diff_is_antisymmetric():
 
 
 @pytest.mark.parametrize("run_dir, rank1_only", RUNS)
-def test_step_metrics_follow_step_breakdown(run_dir, rank1_only):
+def test_step_metrics_follow_step_metrics(run_dir, rank1_only):
+    """diff's per-rank numbers are per-step medians of link's step_metrics (the table the rules read)."""
     _need(rank1_only)
     from traceql import link
 
     a, b = checked(str(run_dir)), checked(str(rank1_only))
     out = d.diff(a, b)
     for res, side in ((a, "a"), (b, "b")):
-        bd = link.ensure(res.run, "step_breakdown")
+        sm = link.ensure(res.run, "step_metrics")
         for rank in res.run.ranks:
-            per = bd.filter(pl.col("rank") == rank)
-            assert out["ranks"][str(rank)]["exposed_comm_ms"][side] == pytest.approx(per["exposed_comm_ms"].mean(), abs=1e-3)
-            assert out["ranks"][str(rank)]["kernels"][side] == pytest.approx(per["kernels"].mean(), abs=0.1)
+            per = sm.filter(pl.col("rank") == rank)
+            assert out["ranks"][str(rank)]["exposed_comm_ms_median"][side] == pytest.approx(per["exposed_comm_ms"].median(), abs=1e-3)
+            assert out["ranks"][str(rank)]["wait_ms_median"][side] == pytest.approx(per["wait_ms"].median(), abs=1e-3)
+            assert out["ranks"][str(rank)]["kernels_median"][side] == pytest.approx(per["kernels"].median(), abs=0.1)
     # a rank that only one run has is reported, with nothing to compare
     assert out["ranks"]["0"]["present"] == {"a": True, "b": False}
-    assert out["ranks"]["0"]["step_time_ms"]["delta"] is None
+    assert out["ranks"]["0"]["step_time_ms_median"]["delta"] is None
 
 
 @pytest.mark.parametrize("run_dir, rank1_only", RUNS)

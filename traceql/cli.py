@@ -201,8 +201,12 @@ def summary(run_dir, fmt, no_cache, quiet):
     from rich.console import Console
     from rich.table import Table
 
-    cols = ["steps", "step_time_ms", "kernel_time_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "comm_comp_overlap_pct", "idle_ms", "kernels"]
-    t = Table("rank", *cols)
+    # the JSON's columns (data["columns"] defines each): per-step medians, then totals
+    cols = ["steps", "step_time_ms_median", "compute_ms_median", "comm_ms_median", "exposed_comm_ms_median", "wait_ms_median",
+            "idle_ms_median", "comm_comp_overlap_pct_steps", "kernels_in_steps", "kernels_total"]
+    heads = ["steps", "step ms\nmedian", "compute ms\nmedian", "comm ms\nmedian", "exposed comm\nms median", "wait ms\nmedian",
+             "GPU idle ms\nmedian", "overlap %\nin steps", "kernels\nin steps", "kernels\ntotal"]
+    t = Table("rank", *heads)
     for rank, row in data["ranks"].items():
         t.add_row(rank, *["-" if row[c] is None else str(row[c]) for c in cols])
     Console(width=160).print(t)

@@ -277,9 +277,9 @@ def _kernels(db: _Db, strings: pl.DataFrame) -> pl.DataFrame:
         ).drop("ck", "sk", "dk")
         # The name Kineto gives the same activity, so that rules and reports read one vocabulary.
         m = m.with_columns(
-            pl.format("Memcpy {} ({} -> {})", pl.col("copy_kind").fill_null("?"),
-                      pl.col("src_memory").fill_null("?").str.to_titlecase(),
-                      pl.col("dst_memory").fill_null("?").str.to_titlecase()).alias("name"),
+            pl.format("Memcpy {} ({} -> {})", pl.col("copy_kind").fill_null("of unknown kind"),
+                      pl.col("src_memory").fill_null("unknown").str.to_titlecase(),
+                      pl.col("dst_memory").fill_null("unknown").str.to_titlecase()).alias("name"),
             pl.lit("memcpy").alias("kind"),
         )
         frames.append(m)
@@ -293,7 +293,7 @@ def _kernels(db: _Db, strings: pl.DataFrame) -> pl.DataFrame:
         mem_kind = _enum_or(db, "ENUM_CUDA_MEM_KIND", _MEM_KIND, _mem_kind_name)
         s = s.with_columns(_map("mk", mem_kind, "dst_memory")).drop("mk")
         s = s.with_columns(
-            pl.format("Memset ({})", pl.col("dst_memory").fill_null("?").str.to_titlecase()).alias("name"),
+            pl.format("Memset ({})", pl.col("dst_memory").fill_null("unknown").str.to_titlecase()).alias("name"),
             pl.lit("memset").alias("kind"),
         )
         frames.append(s)

@@ -16,6 +16,9 @@ is then the median aligned end of the ranks already aligned). A rank that shares
 offset 0 with method "unaligned".
 
 aligned time = raw time - offset_ns.
+
+A time measured between two ranks (a wait, a lateness) is off by up to both ranks' residuals: clock_error_ms gives
+that bound per rank, and rules that compare ranks' times weigh their findings against it.
 """
 
 from __future__ import annotations
@@ -115,6 +118,27 @@ def clock_offsets(run: Run) -> pl.DataFrame:
         _note(run, f"clock: ranks {unal} share no matched collective with an aligned rank; their times are not "
                    "comparable with the others'")
     return out
+
+
+def clock_error_ms(run: Run) -> pl.DataFrame:
+    """Per rank: how far a wait measured between this rank and another can be off because of clock alignment, the
+    alignment residual of the rank plus the largest residual among the other ranks (ms). Null where unaligned."""
+    from traceql.link import ensure
+
+    off = ensure(run, "clock_offsets")
+    if off.height == 0:
+        return pl.DataFrame(schema={"rank": pl.Int32, "clock_error_ms": pl.Float64})
+    res = off.select(pl.col("rank").cast(pl.Int32), (pl.col("residual_us") / 1e3).alias("_r"))
+    # the largest residual among the other ranks: the run's largest, or the second largest for the rank holding it
+    # (unaligned ranks, residual null, share no collective with the others and add nothing)
+    top = res.filter(pl.col("_r").is_not_null()).sort("_r", descending=True)
+    first = float(top["_r"][0]) if top.height else 0.0
+    second = float(top["_r"][1]) if top.height > 1 else 0.0
+    holder = int(top["rank"][0]) if top.height else None
+    if holder is None:
+        return res.select("rank", pl.col("_r").alias("clock_error_ms"))
+    other = pl.when(pl.col("rank") == holder).then(pl.lit(second)).otherwise(pl.lit(first))
+    return res.select("rank", (pl.col("_r") + other).alias("clock_error_ms"))
 
 
 def align(df: pl.DataFrame, offsets: pl.DataFrame, cols: list[str]) -> pl.DataFrame:

@@ -214,6 +214,9 @@ def collective_instances(run: Run) -> pl.DataFrame:
     multi = pl.col("n_ranks") >= 2
     m = m.with_columns(
         pl.when(multi).then((pl.col("_last") - pl.col("arrival")) / 1e6).alias("wait_ms"),
+        # the wait as an interval [arrival, wait_end) on the aligned clock: a rank's waits in collectives that are
+        # in flight together (DDP buckets, async gloo work) overlap, and time waited is their union, not their sum
+        pl.when(multi).then(pl.col("_last")).alias("wait_end"),
         pl.when(multi).then((pl.col("_last") - pl.col("_first")) / 1e6).alias("skew_ms"),
         pl.when(multi).then(pl.col("last_arriver")).alias("last_arriver"),
         pl.when(multi).then(pl.col("rank") == pl.col("last_arriver")).alias("is_last"),
@@ -222,7 +225,7 @@ def collective_instances(run: Run) -> pl.DataFrame:
     )
     return m.select(
         "rank", "pg", "pg_name", "group", "seq", "seq_origin", "match_id", "step", "op", "backend", "dtype", "bytes",
-        "in_nelems", "out_nelems", "host_only", "arrival", "start", "end", "dur_ms", "wait_ms", "skew_ms",
+        "in_nelems", "out_nelems", "host_only", "arrival", "start", "end", "dur_ms", "wait_ms", "wait_end", "skew_ms",
         "last_arriver", "is_last", "n_ranks", "group_size", "missing_ranks",
     ).sort(["group", "match_id", "rank"])
 
@@ -393,55 +396,74 @@ def collective_desync(run: Run) -> pl.DataFrame:
 # ---------------------------------------------------------------------------------------------------- stragglers
 
 
+def wait_union(ci: pl.DataFrame, per: list[str]) -> pl.DataFrame:
+    """per, _u: nanoseconds in the union of the wait intervals [arrival, wait_end) of collective_instances rows, per
+    group. Waits of collectives in flight together overlap; counted once. One sort, a running maximum of ends."""
+    w = ci.filter(pl.col("wait_end").is_not_null() & pl.col("arrival").is_not_null() & (pl.col("wait_end") > pl.col("arrival")))
+    w = w.select(*per, pl.col("arrival").alias("ts"), pl.col("wait_end").alias("end")).sort([*per, "ts"], nulls_last=True, maintain_order=True)
+    if w.height == 0:
+        return w.select(*per).with_columns(pl.lit(0, pl.Int64).alias("_u")).head(0)
+    w = w.with_columns(pl.struct(per).rle_id().alias("_g"))
+    w = w.with_columns(pl.col("end").cum_max().shift(1).over("_g").alias("_pm"))
+    adds = (pl.col("end") - pl.max_horizontal("ts", "_pm")).clip(lower_bound=0)
+    return w.group_by("_g").agg(*[pl.col(k).first() for k in per], adds.sum().alias("_u")).drop("_g")
+
+
 def straggler_summary(run: Run) -> pl.DataFrame:
     """Per rank, over the collectives matched on two or more ranks: how often it arrived last, the wait its late
-    arrivals caused the others (sum over the others of their wait at those calls), and how late it was."""
+    arrivals caused the others (per other rank, the union of its wait intervals at those calls, summed over the
+    other ranks), that wait per other rank and per step, how late it was, and the clock error of those numbers."""
     from traceql.link import ensure
 
     schema = {"rank": pl.Int32, "n_collectives": pl.Int64, "n_last": pl.Int64, "last_pct": pl.Float64,
-              "wait_caused_ms": pl.Float64, "wait_caused_per_rank_ms": pl.Float64, "own_wait_ms": pl.Float64,
-              "median_lateness_ms": pl.Float64, "n_ranks": pl.Int32, "wait_share_pct": pl.Float64,
-              "caused_share_pct": pl.Float64}
-    ci = ensure(run, "collective_instances").filter(pl.col("n_ranks") >= 2 & pl.col("wait_ms").is_not_null())
+              "wait_caused_ms": pl.Float64, "wait_caused_per_rank_ms": pl.Float64, "wait_caused_per_step_ms": pl.Float64,
+              "n_steps": pl.Int64, "own_wait_ms": pl.Float64, "median_lateness_ms": pl.Float64, "n_ranks": pl.Int32,
+              "wait_share_pct": pl.Float64, "caused_share_pct": pl.Float64, "clock_error_ms": pl.Float64}
+    ci = ensure(run, "collective_instances").filter((pl.col("n_ranks") >= 2) & pl.col("wait_ms").is_not_null())
     if ci.height == 0:
         return pl.DataFrame(schema=schema)
     # the second-latest arrival of each call: how far the last arriver was behind the next one
     ci = ci.with_columns(
         pl.col("arrival").sort(descending=True).slice(1, 1).first().over("match_id").alias("_second"),
-        pl.col("wait_ms").sum().over("match_id").alias("_wait_sum"),
+        pl.col("step").fill_null(-1).alias("_step"),
     )
     per = ci.group_by("rank").agg(
         pl.len().cast(pl.Int64).alias("n_collectives"),
         pl.col("is_last").sum().cast(pl.Int64).alias("n_last"),
-        pl.col("_wait_sum").filter(pl.col("is_last")).sum().alias("wait_caused_ms"),
-        ((pl.col("_wait_sum") / (pl.col("n_ranks") - 1)).filter(pl.col("is_last"))).sum().alias("wait_caused_per_rank_ms"),
-        pl.col("wait_ms").sum().alias("own_wait_ms"),
         ((pl.col("arrival") - pl.col("_second")) / 1e6).filter(pl.col("is_last")).median().alias("median_lateness_ms"),
+        pl.col("_step").n_unique().cast(pl.Int64).alias("n_steps"),
     )
+    own = wait_union(ci, ["rank"]).select(pl.col("rank").cast(pl.Int32), (pl.col("_u") / 1e6).alias("own_wait_ms"))
+    # the wait each late rank caused: per waiting rank, the union of its waits at the calls where that rank came last
+    caused = wait_union(ci.filter(~pl.col("is_last").fill_null(False)), ["last_arriver", "rank"])
+    caused = caused.group_by("last_arriver").agg((pl.col("_u").sum() / 1e6).alias("wait_caused_ms"),
+                                                 pl.col("rank").n_unique().alias("_n_waiters"))
+    per = (per.with_columns(pl.col("rank").cast(pl.Int32))
+           .join(own, on="rank", how="left")
+           .join(caused.select(pl.col("last_arriver").cast(pl.Int32).alias("rank"), "wait_caused_ms", "_n_waiters"), on="rank", how="left"))
     n_ranks = ci["rank"].n_unique()
-    # share: the wait caused per other rank, against the other ranks' median step time over the steps involved
-    steps = run.table("steps")
-    share = None
-    if steps.height:
-        step_ms = steps.group_by("rank").agg((pl.col("dur").sum() / 1e6).alias("_steps_ms"))
-        share = step_ms
     per = per.with_columns(
+        pl.col("wait_caused_ms", "own_wait_ms").fill_null(0.0),
         (100.0 * pl.col("n_last") / pl.col("n_collectives")).alias("last_pct"),
         pl.lit(n_ranks, pl.Int32).alias("n_ranks"),
+    ).with_columns(
+        pl.when(pl.col("_n_waiters") > 0).then(pl.col("wait_caused_ms") / pl.col("_n_waiters")).otherwise(0.0).alias("wait_caused_per_rank_ms"),
+    ).with_columns((pl.col("wait_caused_per_rank_ms") / pl.col("n_steps")).alias("wait_caused_per_step_ms"))
+    # share: the wait caused per other rank, against the ranks' median time in steps
+    steps = ensure(run, "step_times")
+    med = float(steps.group_by("rank").agg(pl.col("step_ms").sum())["step_ms"].median() or 0.0) if steps.height else 0.0
+    per = per.with_columns(
+        (pl.when(pl.lit(med) > 0).then(100.0 * pl.col("wait_caused_per_rank_ms") / pl.lit(med))).alias("wait_share_pct")
     )
-    if share is not None and share.height:
-        med = float(share["_steps_ms"].median() or 0.0)
-        per = per.with_columns(
-            (pl.when(pl.lit(med) > 0).then(100.0 * pl.col("wait_caused_per_rank_ms") / pl.lit(med))).alias("wait_share_pct")
-        )
-    else:
-        per = per.with_columns(pl.lit(None, pl.Float64).alias("wait_share_pct"))
     # of all the waiting in the run's collectives, the share this rank caused by arriving last: a rank that is
     # late once per step before a burst of collectives is last at few of them but causes nearly all the waiting
     total_wait = float(per["wait_caused_ms"].sum() or 0.0)
     per = per.with_columns(
         (pl.when(pl.lit(total_wait) > 0).then(100.0 * pl.col("wait_caused_ms") / pl.lit(total_wait))).alias("caused_share_pct")
     )
+    from traceql.link.clock import clock_error_ms
+
+    per = per.join(clock_error_ms(run), on="rank", how="left")
     return per.select([pl.col(k).cast(t) for k, t in schema.items()]).sort("rank")
 
 

@@ -138,7 +138,7 @@ def compile_frames(run: Run) -> pl.DataFrame:
     rec = ev.filter((pl.col("kind") == "recompile") & pl.col("guard").is_not_null())
     # the guard that fails most often: strip the per-call numbers so that "expected 3, actual 4" and
     # "expected 4, actual 5" count as one guard
-    rec = rec.with_columns(pl.col("guard").str.replace_all(r"expected \S+, actual \S+", "expected ?, actual ?").alias("_g"))
+    rec = rec.with_columns(pl.col("guard").str.replace_all(r"expected \S+, actual \S+", "expected (varies), actual (varies)").alias("_g"))
     # ties (every guard failing once, say) go to the guard that failed first, not to whichever the hash order gives
     top = (rec.with_row_index("_first").group_by("rank", "frame_id", "_g")
            .agg(pl.len().alias("top_guard_count"), pl.col("guard").last().alias("_ex"), pl.col("_first").min())
@@ -148,10 +148,10 @@ def compile_frames(run: Run) -> pl.DataFrame:
     out = base.join(top, on=["rank", "frame_id"], how="left", nulls_equal=True).join(
         last, on=["rank", "frame_id"], how="left", nulls_equal=True)
     out = out.with_columns(
-        pl.format("{}:{}", pl.col("filename").fill_null("?"), pl.col("line").fill_null(0)).alias("location"),
+        pl.format("{}:{}", pl.col("filename").fill_null("unknown file"), pl.col("line").fill_null(0)).alias("location"),
         pl.col("top_guard_count").fill_null(0),
         pl.when(pl.col("limit_hit")).then(pl.format(
-            " and hit the recompile limit ({}): the frame now runs in eager mode", pl.col("limit").cast(pl.Utf8).fill_null("?")))
+            " and hit the recompile limit ({}): the frame now runs in eager mode", pl.col("limit").cast(pl.Utf8).fill_null("size unknown")))
         .otherwise(pl.lit("")).alias("limit_note"),
     )
     return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank", "frame_id")
@@ -227,7 +227,7 @@ def graph_break_cost(run: Run) -> pl.DataFrame:
         pl.col("traced").fill_null(False),
         # a log that names no frame (TORCH_LOGS of torch <= 2.3 without TORCH_TRACE): the user line stands in
         pl.when(pl.col("filename").is_null() & pl.col("user_frame").is_not_null()).then(pl.col("user_frame"))
-        .otherwise(pl.format("{}:{}", pl.col("filename").fill_null("?"), pl.col("line").fill_null(0))).alias("location"),
+        .otherwise(pl.format("{}:{}", pl.col("filename").fill_null("unknown file"), pl.col("line").fill_null(0))).alias("location"),
     ).with_columns(
         pl.when(pl.col("traced")).then(pl.col("steps_with_calls").fill_null(0)).alias("steps_with_calls"),
         pl.when(pl.col("traced") & (pl.col("n_steps") > 0)).then(pl.col("_calls").fill_null(0) / pl.col("n_steps")).alias("calls_per_step"),
@@ -248,7 +248,7 @@ _TM = re.compile(r"TensorMetadata\(dtype=([^,]+), shape=torch\.Size\(\[([^\]]*)\
 
 def _short(name: str, value: str | None) -> str:
     if value is None:
-        return "?"
+        return "(not recorded)"
     m = _TM.search(value)
     if m:
         return f"{m.group(1).replace('torch.', '')}[{m.group(2)}] on {m.group(3).replace('type=', '')}"

@@ -22,7 +22,7 @@ rank where the walk ended to the end of the step's last kernel.
 Ranks without GPU activity (gloo on CPU) have no kernels: their steps have no critical path here (run.notes says
 so); their waits are in collective_instances.
 
-Also here: exposed_comm (per rank and step, from link.breakdown's step_breakdown) and launch_bound (per rank and
+Also here: exposed_comm (per rank and step, from link.metrics' step_metrics) and launch_bound (per rank and
 step: gaps in GPU activity where the next kernel had not been launched yet, the measure TQL203 reads).
 """
 
@@ -231,17 +231,19 @@ def critical_path(run: Run) -> pl.DataFrame:
 
 
 def exposed_comm(run: Run) -> pl.DataFrame:
-    """Per rank and step: communication kernel time, the part hidden under compute, the exposed rest, and the
-    exposed share of the step (from link.breakdown's step_breakdown)."""
+    """Per rank and step: communication time, the part hidden under compute, the exposed rest, and the exposed share
+    of the step (from link.metrics' step_metrics: NCCL kernels, or host-side collectives where there are none)."""
     from traceql.link import ensure
 
-    b = ensure(run, "step_breakdown")
+    b = ensure(run, "step_metrics").filter(pl.col("side").is_not_null())
     if b.height == 0:
         return pl.DataFrame(schema={"rank": pl.Int32, "step": pl.Int64, "step_ms": pl.Float64, "comm_ms": pl.Float64,
-                                    "overlap_ms": pl.Float64, "exposed_comm_ms": pl.Float64, "exposed_pct_of_step": pl.Float64})
+                                    "overlap_ms": pl.Float64, "exposed_comm_ms": pl.Float64, "exposed_pct_of_step": pl.Float64,
+                                    "side": pl.Utf8})
     return b.select(
         "rank", "step", "step_ms", "comm_ms", "overlap_ms", "exposed_comm_ms",
         (pl.when(pl.col("step_ms") > 0).then(100.0 * pl.col("exposed_comm_ms") / pl.col("step_ms"))).alias("exposed_pct_of_step"),
+        "side",
     )
 
 
@@ -286,8 +288,12 @@ def launch_bound(run: Run) -> pl.DataFrame:
     from traceql.rules import measures
 
     busy = measures.union(k.select("rank", "step", "ts", "end", "dur"), per).select(*per, pl.col("union_ms").alias("busy_ms"))
-    st = run.table("steps").group_by("rank", "step").agg((pl.col("dur").max() / 1e6).alias("step_ms"))
-    out = out.join(busy, on=per, how="left").join(st.with_columns(pl.col("rank").cast(out.schema["rank"])), on=per, how="left")
+    from traceql.link import ensure
+
+    # the step time every report uses: the longer of the host range and the GPU span (link.steps.step_times)
+    st = ensure(run, "step_times").select("rank", "step", "step_ms")
+    out = out.join(busy, on=per, how="left").join(
+        st.with_columns(pl.col("rank").cast(out.schema["rank"]), pl.col("step").cast(out.schema["step"])), on=per, how="left")
     out = out.with_columns(
         pl.when(pl.col("step_ms") > 0).then(100.0 * pl.col("launch_gap_ms") / pl.col("step_ms")).alias("launch_gap_pct"),
         pl.when(pl.col("step_ms") > 0).then(100.0 * pl.col("busy_ms") / pl.col("step_ms")).alias("busy_pct"),
@@ -298,4 +304,4 @@ def launch_bound(run: Run) -> pl.DataFrame:
 
 
 DERIVED = {"critical_path": critical_path, "exposed_comm": exposed_comm, "launch_bound": launch_bound}
-NEEDS = {"critical_path": ["kernels"], "exposed_comm": ["kernels"], "launch_bound": ["kernels", "runtime"]}
+NEEDS = {"critical_path": ["kernels"], "exposed_comm": ["kernels", "collectives"], "launch_bound": ["kernels", "runtime"]}

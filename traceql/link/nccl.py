@@ -324,8 +324,8 @@ def fr_mismatches(run: Run) -> pl.DataFrame:
         return pl.DataFrame(schema=schema)
     c = c.with_columns(
         pl.col("op").alias("op_v"),
-        (pl.col("op") + pl.lit(" in=") + pl.col("in_nelems").cast(pl.Utf8).fill_null("?") + pl.lit(" out=")
-         + pl.col("out_nelems").cast(pl.Utf8).fill_null("?")).alias("size_v"),
+        (pl.col("op") + pl.lit(" in=") + pl.col("in_nelems").cast(pl.Utf8).fill_null("unknown") + pl.lit(" out=")
+         + pl.col("out_nelems").cast(pl.Utf8).fill_null("unknown")).alias("size_v"),
     )
     out = []
     for kind, col in (("op_mismatch", "op_v"), ("size_mismatch", "size_v")):

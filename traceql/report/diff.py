@@ -1,8 +1,8 @@
 """`traceql diff RUN_A RUN_B`: what changed between two runs, per rank, and which findings came and went.
 
 The question it answers first: why did compiling (or any change) make it slower. Per rank: step time, overlap of
-communication with compute, exposed communication, idle, kernels, and from compile_events the recompiles and graph
-breaks. Findings are matched by fingerprint; where fingerprints differ (the step numbers of two runs rarely agree)
+communication with compute, exposed communication, waits, idle, kernels (per-step medians, from `traceql summary`,
+whose numbers are the rules'), and from compile_events the recompiles and graph breaks. Findings are matched by fingerprint; where fingerprints differ (the step numbers of two runs rarely agree)
 a finding of the same rule on the same ranks counts as persisting, not as one resolved and one new.
 """
 
@@ -15,18 +15,20 @@ import polars as pl
 from traceql.report.result import CheckResult
 from traceql.report.summary import summarize
 
-PER_STEP = ("exposed_comm_ms", "idle_ms", "compute_ms", "comm_ms", "kernel_time_ms", "kernels")
+# Per-step medians from `traceql summary` (link.metrics.step_metrics, the table the rules read): two runs rarely
+# profile the same number of steps, so totals would not compare.
 METRICS = [
     # key, label, unit, better when lower
-    ("step_time_ms", "step time (median)", "ms", True),
-    ("comm_comp_overlap_pct", "comm/compute overlap", "%", False),
-    ("exposed_comm_ms", "exposed communication per step", "ms", True),
-    ("idle_ms", "GPU idle per step", "ms", True),
-    ("compute_ms", "compute per step", "ms", True),
-    ("comm_ms", "communication per step", "ms", True),
-    ("kernels", "kernels per step", "", None),
-    ("recompiles", "recompiles", "", True),
-    ("graph_breaks", "graph breaks", "", True),
+    ("step_time_ms_median", "step time (per-step median)", "ms", True),
+    ("comm_comp_overlap_pct_steps", "comm/compute overlap (over the steps)", "%", False),
+    ("exposed_comm_ms_median", "exposed communication (per-step median)", "ms", True),
+    ("wait_ms_median", "waiting for other ranks (per-step median)", "ms", True),
+    ("idle_ms_median", "GPU idle (per-step median)", "ms", True),
+    ("compute_ms_median", "compute (per-step median)", "ms", True),
+    ("comm_ms_median", "communication (per-step median)", "ms", True),
+    ("kernels_median", "kernels (per-step median)", "", None),
+    ("recompiles", "recompiles (total)", "", True),
+    ("graph_breaks", "graph breaks (total)", "", True),
 ]
 
 
@@ -44,11 +46,6 @@ def _per_rank(result: CheckResult) -> dict[str, dict]:
     s = summarize(result.run)["ranks"]
     cc = compile_counts(result.run)
     for r, row in s.items():
-        # summarize sums over the profiled steps; two runs rarely profile the same number: compare per step
-        n = row["steps"] if row.get("window") == "steps" and row.get("steps") else 1
-        for k in PER_STEP:
-            if row.get(k) is not None:
-                row[k] = round(row[k] / n, 3 if k != "kernels" else 1)
         row.update(cc.get(int(r), {"recompiles": None, "graph_breaks": None}))
     for r, counts in cc.items():  # ranks with compile logs and no trace
         if str(r) not in s:
@@ -112,7 +109,8 @@ def _overall(per_rank: dict) -> dict:
         b = [v[k]["b"] for v in per_rank.values() if v[k]["b"] is not None]
         if not a and not b:
             continue
-        agg = max if k == "step_time_ms" else (lambda xs: sum(xs) / len(xs)) if k == "comm_comp_overlap_pct" else sum
+        # the slowest rank's step time, the mean rank's overlap, and the other per-step medians summed over ranks
+        agg = max if k == "step_time_ms_median" else (lambda xs: sum(xs) / len(xs)) if k == "comm_comp_overlap_pct_steps" else sum
         out[k] = _delta(round(agg(a), 3) if a else None, round(agg(b), 3) if b else None)
     return out
 
@@ -121,24 +119,25 @@ def _hints(per_rank: dict, new: list) -> list[str]:
     """Plain sentences linking the deltas to their usual causes. Only what the numbers show."""
     o = _overall(per_rank)
     hints = []
-    st = o.get("step_time_ms", {})
+    st = o.get("step_time_ms_median", {})
     if st.get("pct") is not None and st["pct"] > 2:
         hints.append(f"the slowest rank's median step time grew {st['pct']:.1f}% ({st['a']:.2f} -> {st['b']:.2f} ms)")
-    ov = o.get("comm_comp_overlap_pct", {})
-    ex = o.get("exposed_comm_ms", {})
+    ov = o.get("comm_comp_overlap_pct_steps", {})
+    ex = o.get("exposed_comm_ms_median", {})
     if ov.get("delta") is not None and ov["delta"] < -5:
         hints.append(
             f"communication overlaps compute less ({ov['a']:.0f}% -> {ov['b']:.0f}%)"
-            + (f", exposed communication {ex['a']:.2f} -> {ex['b']:.2f} ms" if ex.get("delta") is not None else "")
+            + (f", exposed communication {ex['a']:.2f} -> {ex['b']:.2f} ms per step (median, summed over ranks)" if ex.get("delta") is not None else "")
             + ": collectives start later or wait together (see TQL101; with torch.compile check DDPOptimizer / bucket splits)"
         )
     for k, label in (("recompiles", "recompiles"), ("graph_breaks", "graph breaks")):
         d = o.get(k, {})
         if d.get("b") and (d.get("a") or 0) < d["b"]:
             hints.append(f"{label}: {d.get('a') or 0} -> {d['b']} over all ranks (see the TQL4xx findings)")
-    idle = o.get("idle_ms", {})
+    idle = o.get("idle_ms_median", {})
     if idle.get("pct") is not None and idle["pct"] > 10 and idle["delta"] > 1:
-        hints.append(f"GPU idle time grew {idle['pct']:.0f}% ({idle['a']:.2f} -> {idle['b']:.2f} ms): host-side work or syncs between kernels (TQL2xx)")
+        hints.append(f"GPU idle time per step grew {idle['pct']:.0f}% ({idle['a']:.2f} -> {idle['b']:.2f} ms, median, summed over ranks): "
+                     "host-side work or syncs between kernels (TQL2xx)")
     if new:
         rules = sorted({f.rule for f in new})
         hints.append(f"{len(new)} new finding(s): {', '.join(rules)}")

@@ -1,6 +1,6 @@
 """`traceql check --format html`: one self-contained page for people. No script, no network, no external asset.
 
-Sections: run overview (ranks, steps, sources), per-rank breakdown per step (step_breakdown), a timeline of one
+Sections: run overview (ranks, steps, sources), per-rank breakdown per step (step_metrics), a timeline of one
 step on every rank with findings marked (inline SVG), a collective wait heatmap (collective_instances), and the
 findings with their evidence and the rules' docs. Every string that came from an input goes through html.escape:
 kernel names, file names, messages and evidence are data, never markup. A Content-Security-Policy without
@@ -30,8 +30,9 @@ PARTS = [
     ("compute_ms", "compute", "#4e79a7"),
     ("exposed_comm_ms", "exposed communication", "#e15759"),
     ("copy_ms", "copies only", "#f28e2b"),
-    ("idle_ms", "GPU idle", "#d0d0d0"),
+    ("idle_part_ms", "GPU idle", "#d0d0d0"),
     ("host_ms", "host (no GPU work)", "#9c9c9c"),
+    ("other_ms", "other host time (communication on the host)", "#bab0ac"),
 ]
 
 
@@ -95,28 +96,42 @@ def _overview(result: CheckResult, root: Path) -> str:
 
 
 def breakdown_rows(run) -> pl.DataFrame:
-    """step_breakdown plus the two parts it leaves implicit, so that the parts add up to the step time:
-    copy_ms (GPU busy with memcpy/memset only) and host_ms (step time outside the GPU's first..last kernel)."""
-    bd = link.ensure(run, "step_breakdown")
-    if bd.height == 0:
-        return bd
-    return bd.with_columns(
-        (pl.col("busy_ms") - pl.col("compute_ms") - pl.col("exposed_comm_ms")).clip(lower_bound=0.0).alias("copy_ms"),
-        (pl.col("step_ms") - pl.col("gpu_span_ms")).clip(lower_bound=0.0).fill_null(0.0).alias("host_ms"),
-    )
+    """step_metrics (the numbers `summary` and the rules use) with the parts that add up to the step time.
+
+    Communication on the GPU: compute, exposed communication, copy_ms (GPU busy with memcpy/memset only), GPU idle
+    and host_ms (step time outside the GPU's first..last kernel). Communication on the host (gloo): compute, exposed
+    communication and other_ms (the rest of the step), because host-side communication and GPU idle overlap."""
+    sm = link.ensure(run, "step_metrics")
+    if sm.height == 0:
+        return sm
+    host_side = pl.col("side") == "host"
+    rest = (pl.col("step_ms") - pl.col("compute_ms") - pl.col("exposed_comm_ms")).clip(lower_bound=0.0)
+    return sm.with_columns(
+        pl.col("gpu_idle_ms").alias("idle_ms"),
+        pl.when(host_side).then(0.0).otherwise(
+            (pl.col("gpu_busy_ms") - pl.col("compute_ms") - pl.col("exposed_comm_ms")).clip(lower_bound=0.0)).fill_null(0.0).alias("copy_ms"),
+        pl.when(host_side).then(0.0).otherwise(
+            (pl.col("step_ms") - pl.col("gpu_span_ms")).clip(lower_bound=0.0)).fill_null(0.0).alias("host_ms"),
+        pl.when(host_side).then(rest).otherwise(0.0).fill_null(0.0).alias("other_ms"),
+    ).with_columns(
+        # GPU idle overlaps host-side communication: a part of the step only where communication runs on the GPU
+        pl.when(host_side).then(0.0).otherwise(pl.col("idle_ms")).fill_null(0.0).alias("idle_part_ms"))
 
 
 def _breakdown(run) -> str:
     bd = breakdown_rows(run)
     out = ["<section id=breakdown><h2>Where each step's time went, per rank</h2>"]
     if bd.height == 0:
-        out.append("<p class=note>No GPU kernels in this run: no breakdown.</p></section>")
+        out.append("<p class=note>No steps and no GPU kernels in this run: no breakdown.</p></section>")
         return "\n".join(out)
     out.append("<p class=legend>" + " ".join(f"<span class=sw style='background:{c}'></span>{e(n)}" for _, n, c in PARTS) + "</p>")
     scale = max(float(sum((r.get(p) or 0.0) for p, _, _ in PARTS)) for r in bd.iter_rows(named=True)) or 1.0
     out.append(
+        "<p class=note>Per step; `traceql summary` gives their per-step medians and totals. Exposed communication is "
+        "what TQL101 reports (NCCL kernels, or host-side collectives for gloo), waits are the union of the rank's "
+        "waits for later ranks in collectives, GPU idle is the GPU span minus its kernels.</p>"
         "<table class=grid><thead><tr><th>rank</th><th>step</th><th>step ms</th><th class=bar>split</th><th>compute</th>"
-        "<th>exposed comm</th><th>overlap %</th><th>idle</th><th>host</th><th>kernels</th></tr></thead><tbody>"
+        "<th>exposed comm</th><th>overlap %</th><th>wait</th><th>GPU idle</th><th>host</th><th>kernels</th></tr></thead><tbody>"
     )
     rows = list(bd.iter_rows(named=True))
     shown = rows[:400]
@@ -124,11 +139,12 @@ def _breakdown(run) -> str:
         out.append(
             f"<tr><td>{e(r['rank'])}</td><td>{e('whole trace' if r['step'] is None else r['step'])}</td><td>{_ms(r['step_ms'])}</td>"
             f"<td class=bar>{_stacked(r, scale)}</td><td>{_ms(r['compute_ms'])}</td><td>{_ms(r['exposed_comm_ms'])}</td>"
-            f"<td>{_num(r['comm_comp_overlap_pct'], 0)}</td><td>{_ms(r['idle_ms'])}</td><td>{_ms(r['host_ms'])}</td><td>{e(r['kernels'])}</td></tr>"
+            f"<td>{_num(r['comm_comp_overlap_pct'], 0)}</td><td>{_ms(r['wait_ms'])}</td><td>{_ms(r['idle_ms'])}</td>"
+            f"<td>{_ms(r['host_ms'] + r['other_ms'])}</td><td>{e(r['kernels'])}</td></tr>"
         )
     out.append("</tbody></table>")
     if len(rows) > len(shown):
-        out.append(f"<p class=note>{len(rows) - len(shown)} more rows not shown; `traceql query RUN \"SELECT * FROM step_breakdown\"` lists all.</p>")
+        out.append(f"<p class=note>{len(rows) - len(shown)} more rows not shown; `traceql query RUN \"SELECT * FROM step_metrics\"` lists all.</p>")
     out.append("</section>")
     return "\n".join(out)
 
@@ -153,7 +169,9 @@ def _finding_steps(f) -> set:
     s = set()
     if f.step is not None:
         s.add(f.step)
-    for x in (f.evidence or {}).get("steps") or []:
+    steps = (f.evidence or {}).get("steps")
+    # the collapsed findings' list of steps; some rules' evidence has a count of steps under that name instead
+    for x in steps if isinstance(steps, list) else []:
         s.add(x)
     return s
 
@@ -181,7 +199,8 @@ def choose_step(result: CheckResult) -> int | None:
 def _timeline(result: CheckResult, step: int | None) -> str:
     run = result.run
     out = ["<section id=timeline>"]
-    k = run.table("kernels").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null())
+    # a trace that names no rank (amd_trace, triton_example in HTA's tests) has kernels, but no lane to draw them in
+    k = run.table("kernels").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("rank").is_not_null())
     if k.height == 0:
         return "<section id=timeline><h2>Timeline</h2><p class=note>No GPU kernels in this run: no timeline.</p></section>"
     step = step if step is not None else choose_step(result)
@@ -189,13 +208,14 @@ def _timeline(result: CheckResult, step: int | None) -> str:
     steps = run.table("steps")
     windows: dict[int, tuple[int, int]] = {}
     if step is not None:
-        sw = al(steps.filter(pl.col("step") == step), ["ts", "end"])
+        sw = al(steps.filter((pl.col("step") == step) & pl.col("rank").is_not_null()), ["ts", "end"])
         for r, ts, end in sw.group_by("rank").agg(pl.col("ts").min(), pl.col("end").max()).iter_rows():
             windows[int(r)] = (ts, end)
         k = k.filter(pl.col("step") == step)
-        host = run.table("host_ops").filter((pl.col("step") == step) & (pl.col("depth") == 0) & pl.col("ts").is_not_null())
+        host = run.table("host_ops").filter((pl.col("step") == step) & (pl.col("depth") == 0) & pl.col("ts").is_not_null()
+                                            & pl.col("rank").is_not_null())
     else:
-        host = run.table("host_ops").filter((pl.col("depth") == 0) & pl.col("ts").is_not_null())
+        host = run.table("host_ops").filter((pl.col("depth") == 0) & pl.col("ts").is_not_null() & pl.col("rank").is_not_null())
     k = al(k, ["ts", "end"])
     host = al(host, ["ts", "end"])
     for r, ts, end in k.group_by("rank").agg(pl.col("ts").min(), pl.col("end").max()).iter_rows():
@@ -365,15 +385,16 @@ def _heatmap(run) -> str:
         + "</p>"
     )
     out.append(f"<div class=scroll><svg width='{w}' height='{h}' class=heat role=img aria-label='collective wait heatmap'>{labels}{''.join(cells)}</svg></div>")
-    if "skew_ms" in ci.columns and "last_arriver" in ci.columns:
-        per = (
-            ci.filter(pl.col("is_last")) if "is_last" in ci.columns else ci
-        ).group_by("rank").agg(pl.len().alias("n_last"), pl.col("skew_ms").sum().alias("skew_ms"))
-        if per.height:
-            out.append("<table class=grid><thead><tr><th>rank</th><th>arrived last</th><th>wait it caused (skew, ms)</th></tr></thead><tbody>")
-            for r, n, s in per.sort("skew_ms", descending=True).iter_rows():
-                out.append(f"<tr><td>{e(r)}</td><td>{e(n)}</td><td>{_ms(s)}</td></tr>")
-            out.append("</tbody></table>")
+    # who made the others wait, with straggler_summary's numbers (what TQL302 reads): per waiting rank the union of
+    # its waits, so collectives in flight together count once
+    ss = link.ensure(run, "straggler_summary").filter(pl.col("n_last") > 0)
+    if ss.height:
+        out.append("<table class=grid><thead><tr><th>rank</th><th>arrived last</th><th>wait it caused (ms, total)</th>"
+                   "<th>per other rank and step (ms)</th><th>clock error (ms)</th></tr></thead><tbody>")
+        for r in ss.sort("wait_caused_ms", descending=True).iter_rows(named=True):
+            out.append(f"<tr><td>{e(r['rank'])}</td><td>{e(r['n_last'])} of {e(r['n_collectives'])}</td><td>{_ms(r['wait_caused_ms'])}</td>"
+                       f"<td>{_ms(r['wait_caused_per_step_ms'])}</td><td>{_num(r['clock_error_ms'], 3)}</td></tr>")
+        out.append("</tbody></table>")
     out.append("</section>")
     return "\n".join(out)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import string
 from dataclasses import dataclass, field
 
@@ -197,26 +198,156 @@ def _sql(run: Run, rule: Rule) -> pl.DataFrame:
 # ---------------------------------------------------------------- findings
 
 
+# A message stays readable: a list longer than this is cut ("and 40 more"), the whole list going to the evidence
+MAX_LIST_ITEMS = 5
+# a text value longer than this (a list built by a link table, a long reason) is cut, the whole text to the evidence
+MAX_VALUE_CHARS = 400
+# Stands in for a missing value while a message is formatted; the clause holding it is dropped afterwards
+_MISSING = "\ue000"
+_RANK_TEXT = re.compile(r"\[?\s*\d+(\s*,\s*\d+)*\s*\]?")
+
+
 class _SafeFormatter(string.Formatter):
-    """str.format without attribute or index access, and tolerant of missing or null values."""
+    """str.format without attribute or index access, tolerant of missing or null values, and keeping messages short.
+
+    A missing or null value never shows as a placeholder: the clause that holds it is left out (see _drop_missing).
+    Lists show their first MAX_LIST_ITEMS items and how many more there are (rank and step lists as ranges, "0-3, 7");
+    long "; "-separated texts show their first items and how many more. `shortened` collects the fields that were
+    cut, so that the finding's evidence can carry them whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.shortened: set[str] = set()
 
     def get_field(self, field_name, args, kwargs):
         if "." in field_name or "[" in field_name:
             raise ValueError(f"field {field_name!r}: attribute and index access are not allowed in messages")
-        return kwargs.get(field_name), field_name
+        return (field_name, kwargs.get(field_name)), field_name
+
+    def convert_field(self, value, conversion):
+        name, v = value  # get_field hands on (name, value): the name decides how a list reads
+        return name, (v if v is None else super().convert_field(v, conversion))
 
     def format_field(self, value, format_spec):
+        name, value = value
         if value is None or (isinstance(value, float) and math.isnan(value)):
-            return "?"
-        if isinstance(value, list):
-            value = ", ".join(str(v) for v in value)
+            return _MISSING
+        if isinstance(value, (list, tuple)):
+            return self._list(name, list(value))
+        if isinstance(value, str) and name.endswith("ranks") and _RANK_TEXT.fullmatch(value):
+            # ranks a link table joined into text ("0,1,2,...,1023"): as ranges, like a list of ranks
+            return self._list(name, [int(x) for x in re.findall(r"\d+", value)])
         try:
-            return format(value, format_spec)
+            out = format(value, format_spec)
         except (ValueError, TypeError):
-            return str(value)
+            out = str(value)
+        out = out.replace(_MISSING, "")  # a value from a trace cannot pose as a missing one
+        return self._text(name, out) if isinstance(value, str) else out
+
+    def _list(self, name: str, items: list) -> str:
+        items = [x for x in items if x is not None]
+        if not items:
+            return "none"
+        if name.endswith(("ranks", "steps", "rank", "step")) and all(isinstance(x, int) for x in items):
+            runs = format_ranks(items).split(", ")
+            if len(runs) <= MAX_LIST_ITEMS:
+                return ", ".join(runs)
+            self.shortened.add(name)
+            shown = runs[:MAX_LIST_ITEMS]
+            rest = len(set(items)) - sum(_run_len(r) for r in shown)
+            return f"{', '.join(shown)} and {rest} more"
+        if len(items) <= MAX_LIST_ITEMS:
+            return ", ".join(str(x) for x in items)
+        self.shortened.add(name)
+        return f"{', '.join(str(x) for x in items[:MAX_LIST_ITEMS])} and {len(items) - MAX_LIST_ITEMS} more"
+
+    def _text(self, name: str, text: str) -> str:
+        parts = text.split("; ")
+        keep = min(len(parts), MAX_LIST_ITEMS)
+        # whole items, as many as fit (at least one): a cut inside an item reads as a wrong value
+        while keep > 1 and len("; ".join(parts[:keep])) > MAX_VALUE_CHARS:
+            keep -= 1
+        if keep < len(parts):
+            self.shortened.add(name)
+            text = "; ".join(parts[:keep]) + f"; and {len(parts) - keep} more"
+        if len(text) > MAX_VALUE_CHARS + 40:
+            self.shortened.add(name)
+            text = text[:MAX_VALUE_CHARS].rstrip() + "... (the whole text is in the evidence)"
+        return text
 
 
-_FMT = _SafeFormatter()
+def _run_len(run: str) -> int:
+    a, _, b = run.partition("-")
+    return int(b) - int(a) + 1 if b else 1
+
+
+def _clause_start(msg: str, i: int) -> tuple[int, str]:
+    """The delimiter that opens the clause holding position i: the nearest ", " or "; " or unclosed "(" before it,
+    skipping parentheses that close before i ("rank(s)")."""
+    depth = 0
+    for j in range(i - 1, -1, -1):
+        ch = msg[j]
+        if ch == ")":
+            depth += 1
+        elif ch == "(":
+            if depth == 0:
+                return j, "("
+            depth -= 1
+        elif depth == 0 and msg[j:j + 2] in (", ", "; "):
+            return j, msg[j:j + 2]
+    return -1, ""
+
+
+def _clause_end(msg: str, i: int) -> tuple[int, str]:
+    """The delimiter that ends the clause holding position i: the next "," or ";" or ")" at its depth, or " (" that
+    opens a parenthesis after it."""
+    depth = 0
+    for j in range(i + 1, len(msg)):
+        ch = msg[j]
+        if ch == "(":
+            if depth == 0 and msg[j - 1] == " ":
+                return j - 1, " ("
+            depth += 1
+        elif ch == ")":
+            if depth == 0:
+                return j, ")"
+            depth -= 1
+        elif depth == 0 and ch in ",;":
+            return j, ch
+    return len(msg), ""
+
+
+def _drop_missing(msg: str) -> str:
+    """The message without the clauses that hold a missing value.
+
+    A clause runs from the delimiter before the value (", ", "; " or an opening parenthesis) to the next one
+    (",", ";", ")" or " ("): "(4% overlapped, ? ms step; median ...)" becomes "(4% overlapped; median ...)", and a
+    parenthesis holding nothing else goes entirely. A value with no clause around it (the subject of the sentence)
+    reads "unknown"."""
+    while _MISSING in msg:
+        i = msg.index(_MISSING)
+        p, d = _clause_start(msg, i)
+        q, x = _clause_end(msg, i)
+        if p < 0 or (d == "(" and x in (" (", "")):
+            msg = msg[:i] + "unknown" + msg[i + 1:]
+        elif d == "(" and x == ")":
+            start = p - 1 if p > 0 and msg[p - 1] == " " else p
+            msg = msg[:start] + msg[q + 1:]
+        elif d == "(":  # the first clause inside a parenthesis: drop it and the delimiter after it
+            end = q + 1
+            while end < len(msg) and msg[end] == " ":
+                end += 1
+            msg = msg[:p + 1] + msg[end:]
+        else:
+            msg = msg[:p] + msg[q:]
+    return msg
+
+
+def format_message(template: str, values: dict) -> tuple[str, set[str]]:
+    """The rule's message for one row, and the fields shortened in it (their whole values belong in the evidence)."""
+    fmt = _SafeFormatter()
+    msg = fmt.format(template, **values)
+    return _drop_missing(msg), fmt.shortened
 
 
 def _jsonable(v):
@@ -287,7 +418,7 @@ def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
     for row in out.iter_rows(named=True):
         ctx = {**values, **row}
         try:
-            msg = _FMT.format(rule.message, **ctx)
+            msg, shortened = format_message(rule.message, ctx)
         except (ValueError, KeyError) as e:
             return RuleResult(rule, "error", f"{rule.path.name}: field 'message': {e}")
         ranks = row.get(rule.ranks_column)
@@ -301,6 +432,9 @@ def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
         for k in ("steps", "n_rows"):
             if k in row:
                 evidence[k] = _jsonable(row[k])
+        for k in sorted(shortened):  # what the message cut short, whole
+            if k not in evidence and k in ctx:
+                evidence[k] = _jsonable(ctx[k])
         loc = {k: _jsonable(row.get(k)) for k in rule.location if k in row}
         findings.append(
             Finding(
