@@ -48,12 +48,12 @@ _TAG_PREFIX = re.compile(r"^\s*\[(\d+)\] (?=\S+ \[\d+\] )")  # mpirun "[N] host:
 
 # NCCL core: host:pid:tid [dev] (file:line )?NCCL LEVEL text. Host has no ':' '[' ']' or blanks.
 _CORE = re.compile(
-    r"(?P<host>[^\s:\[\]]+)(?::(?P<pid>\d+):(?P<tid>\d+))? \[(?P<dev>\d+)\] "
-    r"(?:(?P<src>[\w./-]+:\d+) )?NCCL (?P<level>INFO|WARN|TRACE|ABORT)\b ?(?P<text>.*)"
+    r"(?<![^\s:\[\]])(?P<host>[^\s:\[\]]++)(?::(?P<pid>\d++):(?P<tid>\d++))? \[(?P<dev>\d++)\] "
+    r"(?:(?P<src>[\w./-]++:\d++) )?NCCL (?P<level>INFO|WARN|TRACE|ABORT)\b ?(?P<text>.*)"
 )
 # What every _CORE match holds from its "[dev]" on: a literal-led pattern the regex engine finds fast, so that lines
 # without it skip _CORE, whose search is quadratic on long lines that do not match (PyTorch env dumps, tracebacks).
-_CORE_TAIL = re.compile(r"\] (?:[\w./-]+:\d+ )?NCCL (?:INFO|WARN|TRACE|ABORT)")
+_CORE_TAIL = re.compile(r"\] (?:[\w./-]++:\d++ )?NCCL (?:INFO|WARN|TRACE|ABORT)")
 
 
 def _core(line: str) -> re.Match | None:
@@ -69,7 +69,7 @@ def _core(line: str) -> re.Match | None:
 
 
 # Core without host (a bare "init.cc:1247 NCCL WARN ..." as old releases or a stripped excerpt show it).
-_BARE = re.compile(r"(?:^|\s)(?:(?P<src>[\w./-]+\.(?:cc|c|h|cpp|cu):\d+) )?NCCL (?P<level>INFO|WARN) (?P<text>.*)")
+_BARE = re.compile(r"(?:^|(?<=\s))(?:(?P<src>[\w./-]{1,200}\.(?:cc|c|h|cpp|cu):\d++) )?NCCL (?P<level>INFO|WARN) (?P<text>.*)")
 
 # Timestamps a line may carry: RFC 3339 (k8s, CloudWatch), "[2025-11-24 11:20:21]" (NCCL >= 2.26 WARN),
 # "2025-02-18 12:54" (platform), glog "E1206 18:44:12.715298746" (no year).
@@ -79,18 +79,18 @@ _GLOG_YEAR = 2000  # glog omits the year; a fixed leap year keeps times of one r
 
 # --- NCCL INFO/WARN texts -------------------------------------------------------------------------------------
 _VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)(?:\+cuda(\d+\.\d+))?")  # bare (<=2.17) or INFO (>=2.18)
-_ENV = re.compile(r"^(NCCL_[A-Z0-9_]+) set by environment to (.*?)\.?\s*$")
-_BOOTSTRAP = re.compile(r"^Bootstrap ?: Using (?:\[\d+\])?(\S+?):(\S+)")  # "Bootstrap : " (<2.25), "Bootstrap: " (>=2.25)
+_ENV = re.compile(r"^(NCCL_[A-Z0-9_]++) set by environment to (.*)")  # value: trailing blanks and one "." cut in code
+_BOOTSTRAP = re.compile(r"^Bootstrap ?: Using (?:\[\d++\])?([^\s:]++):(\S++)")  # "Bootstrap : " (<2.25), "Bootstrap: " (>=2.25)
 _NET_SOCKET_IFS = re.compile(r"^NET/Socket ?: Using (.*)")
-_NET_IB_USING = re.compile(r"^NET/IB ?: Using (.*?);? ?(?:OOB (\S+))?$")
+_NET_IB_USING = re.compile(r"^NET/IB ?: Using (.*)")  # devices, then "; OOB iface:addr" (split in code)
 _NET_IB_NONE = re.compile(r"^NET/IB ?: No device found")
 _USING_NETWORK = re.compile(r"^Using network (\S+)")
 _NET_PLUGIN = re.compile(r"^(?:NET/Plugin ?: (.*)|Plugin Path : (\S+)|P2P plugin (\S+)|Using non-device net plugin)")
 _NO_IBVERBS = re.compile(r"^Failed to open libibverbs")
 # GPU Direct RDMA: "NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0' (no module)" (2.1x-2.2x) and the
 # per-GPU decision "GPU Direct RDMA Disabled for GPU 18000 / HCA 0 (distance 5 > 4)" (2.4-2.1x NET subsystem).
-_GDR_HCA = re.compile(r"^NET/(\w+) ?: GPU Direct RDMA (Disabled|Enabled) for HCA (\d+) '([^']*)'(?: \((.*)\))?")
-_GDR_GPU = re.compile(r"^GPU Direct RDMA (Disabled|Enabled) for GPU (\w+) / HCA (\d+)(?: \((.*?)\))?")
+_GDR_HCA = re.compile(r"^NET/(\w++) ?: GPU Direct RDMA (Disabled|Enabled) for HCA (\d++) '([^']*+)'(?: \((.*)\))?")
+_GDR_GPU = re.compile(r"^GPU Direct RDMA (Disabled|Enabled) for GPU (\w++) / HCA (\d++)(?: \(([^)]*+)\))?")
 # Communicator init. 2.18+: "comm 0x.. rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 4f000 commId 0x.. - Init START";
 # 2.1x: "comm 0x.. rank 15 nranks 16 cudaDev 7 busId e7000 - Init COMPLETE"; 2.4: no busId;
 # 2.22+: "ncclCommInitRank comm 0x.. rank .. - Init COMPLETE".
@@ -103,73 +103,79 @@ _COMM_INIT = re.compile(
 _COMM_NODES = re.compile(r"^comm (0x[0-9a-f]+) rank (\d+) nRanks (\d+) nNodes (\d+) localRanks (\d+)")
 # Init timings. 2.22: "Init timings: rank 2 nranks 16 total 1.08 (kernels 0.51, ...)";
 # 2.23+: "Init timings - ncclCommInitRank: rank 0 nranks 8 total 0.58 (kernels 0.12, alloc 0.01, ...)".
-_INIT_TIMINGS = re.compile(r"^Init timings(?: -\s*\w+)?:? rank (\d+) nranks (\d+) total ([\d.]+) \((.*)\)")
-_TIMING_PART = re.compile(r"(\w+) ([\d.]+)")
+_INIT_TIMINGS = re.compile(r"^Init timings(?: -\s*+\w++)?:? rank (\d++) nranks (\d++) total ([\d.]++) \((.*)\)")
+_TIMING_PART = re.compile(r"\b(\w++) ([\d.]++)")  # from a word's start only: no retry inside a long word
 # Channels/transports. "Channel 00/0 : 2[2] -> 3[3] via P2P/direct pointer/read" (2.12+), "Channel 00 : 3[4a000] ->
 # 6[44000] [send] via NET/IB/0/GDRDMA" (2.7-2.11), "Ring 00 : 34 -> 33 [send] via NET/Socket/0" (2.4).
-_VIA = re.compile(r"^(?:Channel|Ring) \d+(?:/\d+)? : .*? via (\S+(?: \S+)*)")
+_VIA = re.compile(r"^(?:Channel|Ring) \d++(?:/\d++)? : .*? via (\S++(?: \S++)*+)")
 _CHANNELS = re.compile(r"^(\d+) coll channels")  # "16 coll channels, 0 nvls channels, 16 p2p channels, ..."
-_RING_LIST = re.compile(r"^Channel (\d+)/(\d+) :\s+((?:\d+\s*)+)$")
+# Possessive: "(?:\d+\s*)+" alone splits "10" into "1" "0" in 2^n ways before failing (issue 16).
+_RING_LIST = re.compile(r"^Channel (\d++)/(\d++) :\s++((?:\d++\s*+)++)$")
 _TREES = re.compile(r"^Trees (.*)")
 _P2P_DISABLED = re.compile(r"^P2P is disabled between connected GPUs (\d+) and (\d+)")
 _COLL = re.compile(r"^(\w+): opCount ([0-9a-f]+) sendbuff \S+ recvbuff \S+ count (\d+) datatype (\d+) op (\d+) root (\d+) comm (0x[0-9a-f]+) \[nranks=(\d+)\]")
+# "[0]eth0:10.0.0.1<0>" and "[0]mlx5_0:1/IB": names hold no bracket, so a match never runs past the next "[".
+_SOCKET_IF = re.compile(r"\[\d++\]([^:\s\[\]]++):")
+_IB_DEV = re.compile(r"\[\d++\]([^:\s\[\]]++):\d++/([^\s\[]++)")
 _TRAIL = re.compile(r"^([\w./-]+:\d+) -> (\d+)")  # return-code trail "transport/net.cc:1302 -> 6 [Proxy Thread]"
 
 # WARN texts
 _DUP_GPU = re.compile(r"Duplicate GPU detected : rank (\d+) and rank (\d+) both on CUDA device (\w+)")
 _IB_COMPLETION = re.compile(  # 2.1x: "with error 4, opcode 32564, len 32564, vendor err 81"; 2.2x: "with status=12 opcode=0 len=0 vendor err 129"
-    r"NET/IB ?: Got completion from peer (\S+) with (?:error (\d+)|status=(\d+)).*?vendor err (\d+)"
+    r"NET/IB ?: Got completion from peer (\S++) with (?:error (\d++)|status=(\d++)).{0,200}?vendor err (\d++)"
 )
-_IB_OTHER = re.compile(r"NET/IB|ibv_\w+|IB(?:ext)? ?:|RoCE|mlx5")
+_IB_OTHER = re.compile(r"NET/IB|ibv_|IB(?:ext)? ?:|RoCE|mlx5")
 _SOCKET_ERR = re.compile(r"socket|Socket|Call to (?:send|recv)|Connection (?:reset|closed|refused)|Broken pipe|connect")
-_OFI_ERR = re.compile(r"NET/OFI .*(?:completed with error|error)")
+
 _MISMATCH_NCCL = re.compile(r"Mismatched collective detected")
 
 # --- ProcessGroupNCCL --------------------------------------------------------------------------------------------
-_PG_PREFIX = re.compile(r"\[(?:PG (?:ID )?(\d+)(?: PG GUID (\S+?)(?:\(([^)]*)\))?)? )?Rank (\d+)\]")
+_PG_PREFIX = re.compile(r"\[(?:PG (?:ID )?(\d++)(?: PG GUID ([^\s(]++)(?:\(([^)]{0,256})\))?)? )?Rank (\d++)\]")
 _WORK = re.compile(
-    r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)(?:, NumelIn=(-?\d+), NumelOut=(-?\d+))?, Timeout\(ms\)=(\d+)\)"
+    r"WorkNCCL\(SeqNum=(\d++), OpType=(\w++)(?:, NumelIn=(-?\d++), NumelOut=(-?\d++))?, Timeout\(ms\)=(\d++)\)"
 )
-_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(.*?\) ran for (\d+) milliseconds")
-_BLOCKING = re.compile(r"Work WorkNCCL\(.*?\) timed out in blocking wait")
-_ASYNC_EXC = re.compile(r"Collective WorkNCCL\(.*?\) raised the following async exception: (.*)")
+# Gaps between two fixed phrases are bounded ({0,N}): an unbounded ".*?" is retried from every occurrence of the first
+# phrase, quadratic on a line that repeats it (issue 16). WorkNCCL(...) is under 200 characters in every version.
+_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: ?WorkNCCL\(.{0,500}?\) ran for (\d++) milliseconds")
+_BLOCKING = re.compile(r"Work WorkNCCL\(.{0,500}?\) timed out in blocking wait")
+_ASYNC_EXC = re.compile(r"Collective WorkNCCL\(.{0,500}?\) raised the following async exception: (.*)")
 # 2.0-2.5: "Exception (either an error or timeout) detected by watchdog at work: 1580, last enqueued NCCL work: 1582,
 # last completed NCCL work: 1579."; "Timeout at NCCL work: 7753, last enqueued ..."; 2.6+: "failure detected by
 # watchdog at work sequence id: 120049 PG status: last enqueued work: 120051, last completed work: 120048".
 _PG_STATUS = re.compile(
-    r"(?:detected by watchdog at work|Timeout at NCCL work|failure detected by watchdog at work sequence id):? (-?\d+)"
-    r".*?last enqueued (?:NCCL )?work: (-?\d+), last completed (?:NCCL )?work: (-?\d+)"
+    r"(?:detected by watchdog at work|Timeout at NCCL work|failure detected by watchdog at work sequence id):? (-?\d++)"
+    r".{0,200}?last enqueued (?:NCCL )?work: (-?\d++), last completed (?:NCCL )?work: (-?\d++)"
 )
 _DUMP_SIGNAL = re.compile(
-    r"Received a dump signal (?:due to a collective timeout )?from\s+(this local rank|rank\s*\d+)"
-    r"(?:.*?Last enqueued \w+ work: (-?\d+), last completed \w+ work: (-?\d+))?"
+    r"Received a dump signal (?:due to a collective timeout )?from\s++(this local rank|rank\s*+\d++)"
+    r"(?:.{0,300}?Last enqueued \w++ work: (-?\d++), last completed \w++ work: (-?\d++))?"
 )
 _DUMP_OBSERVED = re.compile(r"Observed flight recorder dump signal from another rank")
 _DUMP_FIRST = re.compile(r"First PG on this rank to signal dumping")
 _DUMP_PREP = re.compile(r"preparing to dump debug info|Flight Recorder trace successfully dumped")
 _HEARTBEAT = re.compile(r"Heartbeat monitor timed out")
-_WATCHDOG_STUCK = re.compile(r"watchdog got stuck for (\d+) seconds")
+_WATCHDOG_STUCK = re.compile(r"watchdog got stuck for (\d++) seconds")
 _ABORT = re.compile(
     r"taking the entire process down|watchdog thread terminated with exception|terminate called after throwing"
     r"|Some NCCL operations have failed or timed out|Aborting communicators|ProcessGroupNCCL aborting|abort(?:ing|ed) (?:NCCL )?comm"
 )
 _PG_ENV = re.compile(r"(ProcessGroupNCCL environments|ProcessGroupNCCL initialization options|HeartbeatMonitor environments|PGNCCL Watchdog environments): (.*)")
-_KV = re.compile(r"([A-Z][A-Za-z0-9_ ().]*?(?:\([^)]*\))?): ([^,]+)")
-_DEPRECATED_ENV = re.compile(r"(?:Environment variable )?(\w+) is (?:deprecated|the default now, this environment variable is thus deprecated)")
-_CUDA_FAILURE = re.compile(r"Cuda failure '([^']*)'")
-_NCCL_ERROR = re.compile(r"NCCL error(?: in: (\S+?),)?:? ?(.*?)(?:, NCCL version (\d+\.\d+\.\d+))?$")
+_DEPRECATED_ENV = re.compile(r"\b(\w++) is (?:deprecated|the default now, this environment variable is thus deprecated)")
+_CUDA_FAILURE = re.compile(r"Cuda failure '([^']{0,500})'")
+# One attempt, at the first "NCCL error": everything after it is optional and ".*?...$" always ends the match.
+_NCCL_ERROR = re.compile(r"NCCL error(?: in: ([^\s,]++),)?:? ?(.*?)(?:, NCCL version (\d++\.\d++\.\d++))?$")
 _NCCL_ERR_NAME = re.compile(r"(?:^|[\s:])(nccl(?:Remote|System|UnhandledCuda|Internal|InvalidUsage|InvalidArgument|InProgress)Error|ncclUnhandledCudaError|ncclInvalidUsage): (.*)")
 _FINGERPRINT = re.compile(
-    r"Detected mismatch between collectives on ranks\. Rank (\d+) is running collective: CollectiveFingerPrint\("
-    r"SequenceNumber=(\d+),? ?OpType=(\w+).*?but Rank (\d+) is running collective: CollectiveFingerPrint\("
-    r"SequenceNumber=(\d+),? ?OpType=(\w+)"
+    r"Detected mismatch between collectives on ranks\. Rank (\d++) is running collective: CollectiveFingerPrint\("
+    r"SequenceNumber=(\d++),? ?OpType=(\w++).{0,4000}?but Rank (\d++) is running collective: CollectiveFingerPrint\("
+    r"SequenceNumber=(\d++),? ?OpType=(\w++)"
 )
 # TORCH_NCCL_DESYNC_DEBUG report lines (TraceUtils.h).
-_DESYNC_MISSING = re.compile(r"ranks \[([\d, ]*)\] are the lagging ranks that caused this timeout")
-_DESYNC_JOINED = re.compile(r"\[([\d, ]*)\] joined but didn't finish collective #(\d+)")
-_DESYNC_FINISHED = re.compile(r"\[([\d, ]*)\] finished collective #(\d+), but didn't join collective #(\d+)")
+_DESYNC_MISSING = re.compile(r"ranks \[([\d, ]*+)\] are the lagging ranks that caused this timeout")
+_DESYNC_JOINED = re.compile(r"\[([\d, ]*+)\] joined but didn't finish collective #(\d++)")
+_DESYNC_FINISHED = re.compile(r"\[([\d, ]*+)\] finished collective #(\d++), but didn't join collective #(\d++)")
 _FR_DISABLED = re.compile(r"FlightRecorder is disabled")
-_GLOG_SRC = re.compile(r"\[?([IWEF])(?:\d{4} [\d:.]+)? ?[\w.]+\.(?:cpp|hpp|h):\d+\]")  # level of a c10d log line
+_GLOG_SRC = re.compile(r"(?<![\w.])\[?([IWEF])(?:\d{4} [\d:.]++)? ?[\w.]{1,200}\.(?:cpp|hpp|h):\d++\]")  # level of a c10d log line
 
 # Cheap prefilter: a line without any of these is foreign (application output, tracebacks).
 _MARKS = ("NCCL", "nccl", "Watchdog", "watchdog", "collective", "Heartbeat", "dump signal", "NET/", "Rank ", "Cuda failure", "terminate called")
@@ -271,7 +277,8 @@ def _nccl_text(text: str, level: str) -> tuple[str, dict]:
         return "version", {"version": m.group(1), "cuda": m.group(2)}
     m = _ENV.match(text)
     if m:
-        return "env", {"name": m.group(1), "value": m.group(2).strip()}
+        value = m.group(2).rstrip()
+        return "env", {"name": m.group(1), "value": (value[:-1] if value.endswith(".") else value).strip()}
     m = _COMM_INIT.match(text)
     if m:
         return "comm_init", {
@@ -303,16 +310,20 @@ def _nccl_text(text: str, level: str) -> tuple[str, dict]:
         return "bootstrap", {"iface": m.group(1), "addr": m.group(2)}
     m = _NET_SOCKET_IFS.match(text)
     if m:
-        ifs = re.findall(r"\[\d+\]([^:\s]+):", m.group(1))
+        ifs = _SOCKET_IF.findall(m.group(1))
         return "net_socket", {"ifaces": ifs}
     m = _NET_IB_NONE.match(text)
     if m:
         return "net_ib", {"devices": []}
     m = _NET_IB_USING.match(text)
     if m:
-        devs = re.findall(r"\[\d+\]([^:\s]+):\d+/(\S+?)(?=\s|$|\[)", m.group(1))
+        rest, oob = m.group(1), None
+        i = rest.rfind("OOB ")  # "...[RO]; OOB ib0:10.0.0.1<0>": the last token after "OOB "
+        if i >= 0 and rest[i + 4:] and not any(ch.isspace() for ch in rest[i + 4:]):
+            rest, oob = rest[:i], rest[i + 4:]
+        devs = _IB_DEV.findall(rest)
         return "net_ib", {"devices": [d for d, _ in devs], "link": sorted({t.split("/")[0] for _, t in devs}),
-                          "oob": m.group(2)}
+                          "oob": oob}
     m = _USING_NETWORK.match(text)
     if m:
         return "network", {"network": m.group(1)}
@@ -427,7 +438,12 @@ def _pg_text(line: str) -> tuple[str, dict] | None:
         return "dump", {}
     m = _PG_ENV.search(line)
     if m:
-        env = {k.split(" (")[0].strip(): v.strip().rstrip(".") for k, v in _KV.findall(m.group(2))}
+        env = {}
+        for part in m.group(2).split(","):  # "NCCL version: 2.21.5, TIMEOUT(ms): 600000, size: 8, ..."
+            k, sep, v = part.partition(": ")
+            k = k.split(" (")[0].strip()
+            if sep and k:
+                env[k] = v.strip().rstrip(".")
         return "pg_env", {"what": m.group(1), "env": env}
     m = _FINGERPRINT.search(line)
     if m:
@@ -465,8 +481,8 @@ def _pg_text(line: str) -> tuple[str, dict] | None:
         return "error", {"reason": f"Cuda failure '{m.group(1)}'"}
     if _FR_DISABLED.search(line):
         return "info", {"fr_disabled": True}
-    m = _OFI_ERR.search(line)
-    if m:
+    i = line.find("NET/OFI ")
+    if i >= 0 and "error" in line[i + 8:]:
         return "net_error", {"plugin": "aws-ofi-nccl"}
     return None
 
