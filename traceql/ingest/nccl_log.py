@@ -165,10 +165,14 @@ _CUDA_FAILURE = re.compile(r"Cuda failure '([^']{0,500})'")
 # One attempt, at the first "NCCL error": everything after it is optional and ".*?...$" always ends the match.
 _NCCL_ERROR = re.compile(r"NCCL error(?: in: ([^\s,]++),)?:? ?(.*?)(?:, NCCL version (\d++\.\d++\.\d++))?$")
 _NCCL_ERR_NAME = re.compile(r"(?:^|[\s:])(nccl(?:Remote|System|UnhandledCuda|Internal|InvalidUsage|InvalidArgument|InProgress)Error|ncclUnhandledCudaError|ncclInvalidUsage): (.*)")
+# The two fingerprints of a mismatch, found by two searches (the second from the end of the first): one pattern with
+# ".*?" between them would be retried from every occurrence of the first.
 _FINGERPRINT = re.compile(
     r"Detected mismatch between collectives on ranks\. Rank (\d++) is running collective: CollectiveFingerPrint\("
-    r"SequenceNumber=(\d++),? ?OpType=(\w++).{0,4000}?but Rank (\d++) is running collective: CollectiveFingerPrint\("
     r"SequenceNumber=(\d++),? ?OpType=(\w++)"
+)
+_FINGERPRINT_OTHER = re.compile(
+    r"but Rank (\d++) is running collective: CollectiveFingerPrint\(SequenceNumber=(\d++),? ?OpType=(\w++)"
 )
 # TORCH_NCCL_DESYNC_DEBUG report lines (TraceUtils.h).
 _DESYNC_MISSING = re.compile(r"ranks \[([\d, ]*+)\] are the lagging ranks that caused this timeout")
@@ -446,10 +450,11 @@ def _pg_text(line: str) -> tuple[str, dict] | None:
                 env[k] = v.strip().rstrip(".")
         return "pg_env", {"what": m.group(1), "env": env}
     m = _FINGERPRINT.search(line)
-    if m:
+    o = _FINGERPRINT_OTHER.search(line, m.end()) if m else None
+    if o:
         return "collective_mismatch", {
-            "ranks": [int(m.group(1)), int(m.group(4))], "seqs": [int(m.group(2)), int(m.group(5))],
-            "ops": [m.group(3), m.group(6)],
+            "ranks": [int(m.group(1)), int(o.group(1))], "seqs": [int(m.group(2)), int(o.group(2))],
+            "ops": [m.group(3), o.group(3)],
         }
     m = _DESYNC_MISSING.search(line)
     if m:
@@ -587,7 +592,7 @@ _BLOCK = 1 << 20  # bytes read at a time: lines are cut once per block, never th
 # The INFO lines a large log is made of say nothing the tables keep: NCCL_DEBUG_SUBSYS=COLL prints one per collective
 # ("AllReduce: opCount 1a sendbuff ..."), and most init chatter classifies as "info". No earlier pattern of
 # _nccl_text can match a text that starts like a COLL line except _VERSION, hence the "NCCL version" test beside it.
-_COLL_HEAD = re.compile(r"\w+: opCount ")
+_COLL_HEAD = re.compile(r"\b\w++: opCount ")
 _TEXT_CACHE_MAX = 1 << 14  # distinct INFO texts whose classification is kept (channel, ring and transport lines repeat)
 _UNSET = object()
 

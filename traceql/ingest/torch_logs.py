@@ -25,17 +25,24 @@ SUPPORTED = True
 
 # A glog line from torch, with a compile id bracket or one of the artifacts we read; a launcher prefix may lead.
 _MARK = re.compile(
-    rb"(?m)^(?:\[rank\d+\]:)?[VIWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ torch/[^\]]+\] "
+    rb"(?m)^(?:\[rank\d++\]:)?[VIWE]\d{4} \d\d:\d\d:\d\d\.\d++ ++\d++ torch/[^\]\n]++\] "
     rb"(?:\[[!\d/]+\] )?(?:\[__recompiles|\[__graph_breaks|Recompiling function|Graph break|torch\._dynamo hit config)"
 )
 _LINE = re.compile(
-    r"^(?:\[rank(?P<rank>\d+)\]:)?(?P<lvl>[VIWE])(?P<md>\d{4}) (?P<t>\d\d:\d\d:\d\d\.\d+) +(?P<tid>\d+) "
-    r"(?P<loc>[^\]]+)\] (?:\[(?P<cid>!?[\d/]+)\] )?(?:\[(?P<art>__\w+)\] )?(?P<text>.*)$"
+    r"^(?:\[rank(?P<rank>\d++)\]:)?(?P<lvl>[VIWE])(?P<md>\d{4}) (?P<t>\d\d:\d\d:\d\d\.\d++) ++(?P<tid>\d++) "
+    r"(?P<loc>[^\]]++)\] (?:\[(?P<cid>!?[\d/]++)\] )?(?:\[(?P<art>__\w++)\] )?(?P<text>.*)$"
 )
-_RECOMPILING = re.compile(r"Recompiling function (\S+) in (.+):(\d+)")
-_LIMIT = re.compile(r"torch\._dynamo hit config\.(\w+) \((\d+)\)")
-_FILE = re.compile(r'File "([^"]+)", line (\d+)')
-_FAILURE = re.compile(r"^\s*- (.+)$")
+# Matched once, where the phrase first occurs (_recompiling): searched, "(.+):" would be retried from every
+# occurrence of the phrase, quadratic on a line that repeats it (issue 16).
+_RECOMPILING = re.compile(r"(\S++) in (.+):(\d++)")
+_LIMIT = re.compile(r"torch\._dynamo hit config\.(\w++) \((\d++)\)")
+_FILE = re.compile(r'File "([^"]++)", line (\d++)')
+_FAILURE = re.compile(r"^\s*+- (.+)$")
+
+
+def _recompiling(text: str) -> re.Match | None:
+    i = text.find("Recompiling function ")
+    return _RECOMPILING.match(text, i + 21) if i >= 0 else None
 
 
 def sniff(path: Path, head: bytes) -> bool:
@@ -92,7 +99,7 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
         base = {"rank": r, "compile_id": meta["cid"], "frame_id": f_id, "attempt": c_id}
         det = {"line": meta["line"], "logged_at": meta["time"]}
         art = meta["art"] or ""
-        m = _RECOMPILING.search(text)
+        m = _recompiling(text)
         if art.startswith("__recompiles") and m:
             key = (r, meta["cid"])
             if key in seen_recompile:  # __recompiles and __recompiles_verbose report the same recompile
