@@ -31,7 +31,8 @@ from traceql.model import SCHEMAS, Source
 KIND = "nccl_log"
 SUPPORTED = True
 
-_NCCL = re.compile(rb"NCCL (INFO|WARN|TRACE|ABORT)|ProcessGroupNCCL|\[PG ID \d+|NCCL version \d")
+_NCCL = re.compile(rb"NCCL (INFO|WARN|TRACE|ABORT)|ProcessGroupNCCL|\[PG ID \d+|NCCL version \d"
+                   rb"|ranks that caused (?:this timeout|the desync)|joined but didn't finish collective #")
 
 
 def sniff(path: Path, head: bytes) -> bool:

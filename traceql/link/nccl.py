@@ -51,9 +51,9 @@ def _comms(run: Run) -> pl.DataFrame:
 
 def nccl_comm_checks(run: Run) -> pl.DataFrame:
     c = _comms(run)
+    # Every column is built on zero rows too (a log of one "NCCL version" line has only a process row): a rule reading
+    # a column must find it whatever the log held (issue 16).
     c = c.filter(pl.col("d").struct.field("process_only").is_null() | ~pl.col("d").struct.field("process_only"))
-    if c.height == 0:
-        return pl.DataFrame(schema={"rank": pl.Int32, "comm_id": pl.Utf8})
     d = pl.col("d")
     # Hosts and node count per communicator: nNodes where NCCL printed it, else distinct hosts seen for the comm id.
     hosts = c.group_by("comm_id").agg(pl.col("host").n_unique().alias("n_hosts"), pl.col("nnodes").max().alias("nn"))
@@ -173,8 +173,9 @@ def nccl_config_diff(run: Run) -> pl.DataFrame:
 def nccl_init(run: Run) -> pl.DataFrame:
     c = _comms(run).filter(pl.col("init_ms").is_not_null())
     if c.height == 0:
-        return pl.DataFrame(schema={"rank": pl.Int32, "comm_id": pl.Utf8, "init_ms": pl.Float64,
-                                    "dominant": pl.Utf8, "dominant_ms": pl.Float64})
+        return pl.DataFrame(schema={"rank": pl.Int32, "comm_id": pl.Utf8, "host": pl.Utf8, "nranks": pl.Int32,
+                                    "version": pl.Utf8, "init_ms": pl.Float64, "dominant": pl.Utf8,
+                                    "dominant_ms": pl.Float64})
     parts = [f.name for f in _TIMING.fields]
     t = pl.col("d").struct.field("timing")
     vals = [t.struct.field(p).fill_null(-1.0) for p in parts]
@@ -242,11 +243,12 @@ def nccl_errors(run: Run) -> pl.DataFrame:
         first = stamped.sort("ts", "rank", "line").row(0, named=True)
     elif cand["rank"].drop_nulls().n_unique() == 1:
         first = cand.sort("line").row(0, named=True)
-    key = (first["rank"], first["source"], first["line"]) if first else (None, None, None)
-    return err.with_columns(
-        ((pl.col("rank") == key[0]) & (pl.col("source") == key[1]) & (pl.col("line") == key[2])).fill_null(False)
-        .alias("root_cause")
-    ).sort("rank", "line")
+    if first is None or first["rank"] is None:  # no candidate (or one without a rank): nothing is named the cause
+        is_root = pl.lit(False)
+    else:
+        is_root = ((pl.col("rank") == first["rank"]) & (pl.col("source") == first["source"])
+                   & (pl.col("line") == first["line"])).fill_null(False)
+    return err.with_columns(is_root.alias("root_cause")).sort("rank", "line")
 
 
 def _expected_ranks(run: Run) -> int | None:
