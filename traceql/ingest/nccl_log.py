@@ -135,11 +135,18 @@ _PG_PREFIX = re.compile(r"\[(?:PG (?:ID )?(\d++)(?: PG GUID ([^\s(]++)(?:\(([^)]
 _WORK = re.compile(
     r"WorkNCCL\(SeqNum=(\d++), OpType=(\w++)(?:, NumelIn=(-?\d++), NumelOut=(-?\d++))?, Timeout\(ms\)=(\d++)\)"
 )
-# Gaps between two fixed phrases are bounded ({0,N}): an unbounded ".*?" is retried from every occurrence of the first
-# phrase, quadratic on a line that repeats it (issue 16). WorkNCCL(...) is under 200 characters in every version.
-_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: ?WorkNCCL\(.{0,500}?\) ran for (\d++) milliseconds")
-_BLOCKING = re.compile(r"Work WorkNCCL\(.{0,500}?\) timed out in blocking wait")
-_ASYNC_EXC = re.compile(r"Collective WorkNCCL\(.{0,500}?\) raised the following async exception: (.*)")
+# Matched once, at the first occurrence of their fixed head (_first): searched, the ".*?" gap would be retried from
+# every occurrence of the head, quadratic on a line that repeats it (issue 16). Shorter gaps elsewhere are bounded.
+_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: ?WorkNCCL\(.*?\) ran for (\d++) milliseconds")
+_BLOCKING = re.compile(r"Work WorkNCCL\(.*?\) timed out in blocking wait")
+_ASYNC_EXC = re.compile(r"Collective WorkNCCL\(.*?\) raised the following async exception: (.*)")
+_HEADS = {_WATCHDOG: "Watchdog caught collective operation timeout:", _BLOCKING: "Work WorkNCCL(",
+          _ASYNC_EXC: "Collective WorkNCCL("}
+
+
+def _first(p: re.Pattern, line: str) -> re.Match | None:
+    i = line.find(_HEADS[p])
+    return p.match(line, i) if i >= 0 else None
 # 2.0-2.5: "Exception (either an error or timeout) detected by watchdog at work: 1580, last enqueued NCCL work: 1582,
 # last completed NCCL work: 1579."; "Timeout at NCCL work: 7753, last enqueued ..."; 2.6+: "failure detected by
 # watchdog at work sequence id: 120049 PG status: last enqueued work: 120051, last completed work: 120048".
@@ -403,15 +410,15 @@ def _work(line: str) -> dict:
 
 def _pg_text(line: str) -> tuple[str, dict] | None:
     """Classify a PyTorch distributed line (ProcessGroupNCCL, c10d). None where it says nothing we keep."""
-    m = _WATCHDOG.search(line)
+    m = _first(_WATCHDOG, line)
     if m:
         f = _work(line)
         f["ran_ms"] = int(m.group(1))
         f["mode"] = "watchdog"
         return "watchdog_timeout", f
-    if _BLOCKING.search(line):
+    if _first(_BLOCKING, line):
         return "watchdog_timeout", {**_work(line), "mode": "blocking_wait"}
-    m = _ASYNC_EXC.search(line)
+    m = _first(_ASYNC_EXC, line)
     if m:
         f = _work(line)
         e = _NCCL_ERROR.search(m.group(1))
@@ -521,6 +528,105 @@ def parse_line(line: str) -> LineFact | None:
     if m:
         return LineFact("version", "INFO", rank=rank, text=line.strip(), fields={"version": m.group(1), "cuda": m.group(2)})
     return None
+
+
+# --- Lines a terminal or a paste wrapped -------------------------------------------------------------------------
+# A line cut by a terminal (at its width, or at a blank by `fold -s`) continues on lines without any prefix. A
+# continuation is joined back only where that is safe: the next line starts no record of its own (no launcher, glog,
+# NCCL or traceback head), says nothing by itself, and the joined line says strictly more than the first piece did
+# (a fact where there was none, or more fields). Up to _JOIN_MAX pieces; "Last error:" lines are never joined (the
+# free text after them is read in context).
+_JOIN_MAX = 8
+_RECORD_START = re.compile(
+    r"\[(?:rank\d++\]|default\d++\]|1,\d++\]|[IWEFV]\d{4} |PG |Rank |\d{4}-|\d++\] )|\(\w++ pid=\d++|\d++: |[^\s:\[\]]++:\d++:\d++ \[|[IWEFV]\d{4} |\d{4}-\d\d-\d\d|NCCL "
+    r"|terminate called|\s*+what\(\)|Exception raised|frame #|#\d++ |Traceback|\s++File \"|[\w.]*+(?:Error|Exception)\b"
+)
+
+
+# NCCL's "host[:pid:tid] [dev] " head at a line's end, maybe with the start of its "file.cc:12 NCCL" after it
+_CORE_HEAD_END = re.compile(r"(?<![^\s:\[\]])[^\s:\[\]]++(?::\d++:\d++)? \[\d++\](?: [\w./:-]*+)?(?: NC?C?L?)?$")
+
+
+_KIND_RICHNESS = {"info": 1, "warn": 2, "error": 3}
+
+
+def _richness(f: LineFact | None) -> tuple[int, int, int]:
+    """(no fact / info / a bare WARN / a generic error / a named fact, fields with a value, items of its list and
+    dict fields)."""
+    if f is None:
+        return (0, 0, 0)
+    vals = f.fields.values()
+    return (_KIND_RICHNESS.get(f.kind, 4), sum(1 for v in vals if v not in (None, "", [], {})),
+            sum(len(v) for v in vals if isinstance(v, (list, dict))))
+
+
+def _wrap_width(lines: list[str]) -> int | None:
+    """The width a terminal cut these lines at: the commonest length (>= 60) of lines followed by a line that starts
+    no record, where at least two lines have it. None where nothing looks cut."""
+    counts: dict[int, int] = {}
+    for a, b in zip(lines, lines[1:]):
+        n = len(a.rstrip("\r"))
+        if n >= 60 and b.strip() and "NCCL INFO" not in b and _RECORD_START.match(b) is None:
+            counts[n] = counts.get(n, 0) + 1
+    if not counts:
+        return None
+    n, k = max(counts.items(), key=lambda kv: (kv[1], kv[0]))
+    return n if k >= 3 else None
+
+
+def _continues(piece: str) -> bool:
+    """Whether a line may continue the one before: not blank, no record head, nothing to say by itself."""
+    return bool(piece.strip()) and _RECORD_START.match(piece) is None and _richness(parse_line(piece))[0] < 2
+
+
+def rejoin_wrapped(lines: list[str]) -> None:
+    """Join wrapped continuations into the line they continue, in place (a joined piece becomes "", so that line
+    numbers stay those of the file)."""
+    n = len(lines)
+    width = _wrap_width(lines)
+    i = 0
+    while i < n - 1:
+        nxt = lines[i + 1]
+        if not nxt.strip() or "NCCL INFO" in nxt or _RECORD_START.match(nxt) is not None:
+            i += 1
+            continue
+        first = lines[i].rstrip("\r")
+        # a line cut right after NCCL's "host:pid:tid [dev] " head (`fold -s`, or a terminal inside "file.cc:12"):
+        # the next piece is its text, which may read alone as a bare "file.cc:12 NCCL WARN ..." line
+        head_cut = _CORE_HEAD_END.search(first) is not None
+        if len(first) < 30 or first.endswith("Last error:") or (
+                len(first) != width and not head_cut and _MARKS_RE.search(first) is None):
+            i += 1
+            continue
+        base = _richness(parse_line(first))
+        # By meaning: the fewest pieces whose join says the most, strictly more than the first piece alone.
+        best, best_j, joined, j = base, 0, first, i + 1
+        while j < n and j - i <= _JOIN_MAX and (_continues(lines[j]) or (head_cut and j == i + 1)):
+            joined += lines[j].rstrip("\r")
+            r = _richness(parse_line(joined))
+            if r[0] >= 2 and r > best:
+                best, best_j = r, j
+            j += 1
+        if not best_j and len(first) == width:
+            # By shape: cut at the terminal's width, every piece as wide continues on the next and a shorter one
+            # ends the line; a piece may then say something alone ("295 NCCL WARN ..." after "net_ib.cc:1").
+            joined, last, j = first, i, i + 1
+            while j < n and j - i <= _JOIN_MAX and lines[j].strip() and _RECORD_START.match(lines[j]) is None:
+                piece = lines[j].rstrip("\r")
+                joined += piece
+                last = j
+                if len(piece) != width:
+                    break
+                j += 1
+            if last > i and _richness(parse_line(joined)) >= max(base, *(_richness(parse_line(lines[k]))
+                                                                          for k in range(i + 1, last + 1))):
+                best_j = last
+        if best_j:
+            lines[i] = first + "".join(lines[k].rstrip("\r") for k in range(i + 1, best_j + 1))
+            for k in range(i + 1, best_j + 1):
+                lines[k] = ""
+            i = best_j
+        i += 1
 
 
 def classify_last_error(line: str) -> LineFact:
@@ -743,10 +849,19 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
                 break
             lines = chunk.split("\n")
             rest = lines.pop() if data else ""  # at the end of the file, a last line without a newline is a line
+            if data and len(lines) > _JOIN_MAX + 1:
+                # the block's last lines wait for the next block (a line wrapped there continues in it), from a line
+                # that cannot continue another, so that no join crosses the cut
+                k = len(lines) - 1
+                while k > len(lines) - _JOIN_MAX - 1 and _continues(lines[k]):
+                    k -= 1
+                rest = "\n".join(lines[k:] + [rest])
+                del lines[k:]
             if not lines:
                 continue
             has_cr = "\r" in chunk
             del chunk
+            rejoin_wrapped(lines)
             lineno = n_lines
             n_lines += len(lines)
             for line in lines:
