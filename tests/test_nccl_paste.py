@@ -49,6 +49,11 @@ def _fold_s(text: str, width: int) -> str:
 
 
 def _prefixed(text: str, rank: int | None, make) -> str:
+    """Each line behind a launcher prefix for its rank: the rank its own tag names, else the file's (from its name,
+    or the first rank tag in it: a launcher prefixes all of one process's lines alike)."""
+    if rank is None:
+        m = re.search(r"^\[rank(\d+)\]:", text, re.M)
+        rank = int(m.group(1)) if m else None
     out = []
     for line in text.split("\n"):
         m = _RANK.match(line)
@@ -106,7 +111,7 @@ TRANSFORMS = {
 }
 # Findings that rest on init chatter (transports, channels, env) are not expected to survive an excerpt.
 EVENT_FIXTURES = {"nccl-log-duplicate-gpu", "nccl-log-heartbeat", "nccl-log-timeout-desync", "nccl-log-timeout-hang",
-                  "h200x2-desync", "h200-duplicate-gpu"}
+                  "nccl-log-desync-report", "nccl-log-excerpt-one-rank", "h200x2-desync", "h200-duplicate-gpu"}
 FIXTURE_DIRS = [d for d in sorted(FIXTURES.glob("nccl-log-*")) + [FIXTURES / "h200x2-desync", FIXTURES / "h200-duplicate-gpu"]
                 if d.is_dir()]
 

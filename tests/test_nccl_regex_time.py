@@ -119,6 +119,7 @@ CASES = {
     "_DESYNC_MISSING": (_search(N._DESYNC_MISSING), "ranks [", "1, ", "x"),
     "_DESYNC_JOINED": (_search(N._DESYNC_JOINED), "[", "1, ", "x"),
     "_DESYNC_FINISHED": (_search(N._DESYNC_FINISHED), "[", "1, ", "] finished collective #1, but x"),
+    "_DESYNC_TIMEOUT": (_search(N._DESYNC_TIMEOUT), "", "[1] Timeout at collective: ", "x"),
     "_FR_DISABLED": (_search(N._FR_DISABLED), "", "FlightRecorder is ", ""),
     "VIRTUAL_IF": (_search(N.VIRTUAL_IF), "br-", "aaaaa", " "),
     # TORCH_LOGS

@@ -186,6 +186,8 @@ _FINGERPRINT_OTHER = re.compile(
 _DESYNC_MISSING = re.compile(r"ranks \[([\d, ]*+)\] are the lagging ranks that caused this timeout")
 _DESYNC_JOINED = re.compile(r"\[([\d, ]*+)\] joined but didn't finish collective #(\d++)")
 _DESYNC_FINISHED = re.compile(r"\[([\d, ]*+)\] finished collective #(\d++), but didn't join collective #(\d++)")
+# "\t - [7] Timeout at collective: ALLREDUCE, #2130": the rank whose watchdog asked for the report, where it waits.
+_DESYNC_TIMEOUT = re.compile(r"\[(\d++)\] Timeout at collective: (\w++), #(\d++)")
 _FR_DISABLED = re.compile(r"FlightRecorder is disabled")
 _GLOG_SRC = re.compile(r"(?<![\w.])\[?([IWEF])(?:\d{4} [\d:.]++)? ?[\w.]{1,200}\.(?:cpp|hpp|h):\d++\]")  # level of a c10d log line
 
@@ -473,6 +475,10 @@ def _pg_text(line: str) -> tuple[str, dict] | None:
     m = _DESYNC_FINISHED.search(line)
     if m:
         return "desync_report", {"lagging_ranks": _ranks(m.group(1)), "seq": int(m.group(2))}
+    m = _DESYNC_TIMEOUT.search(line)
+    if m:
+        return "desync_report", {"timeout_rank": int(m.group(1)), "op": OP_NAMES.get(m.group(2), m.group(2).lower()),
+                                 "seq": int(m.group(3))}
     if "Detected mismatch between collectives" in line:
         return "collective_mismatch", {}
     m = _DEPRECATED_ENV.search(line) if "deprecated" in line else None  # the test spares a slow search
