@@ -95,3 +95,89 @@ def test_version_line_alone_gives_complete_comm_checks(tmp_path):
     for col in ("socket_where_ib_or_nodes", "virtual_if_multinode", "p2p_issue", "gdr_disabled", "channels_odd", "forced"):
         assert col in cc.columns, col
     assert cc.height == 0
+
+
+# --- world size, severity and the one-line forms people paste --------------------------------------------------
+
+def _wd(rank: int, seq: int, op: str = "ALLREDUCE") -> str:
+    return (f"[rank{rank}]:[E1206 18:44:1{rank}.715298746 ProcessGroupNCCL.cpp:607] [Rank {rank}] Watchdog caught "
+            f"collective operation timeout: WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn=8, NumelOut=8, "
+            f"Timeout(ms)=600000) ran for 600061 milliseconds before timing out.")
+
+
+def _size(rank: int, n: int) -> str:
+    return (f"[rank{rank}]:I1206 18:30:00.1 100 ProcessGroupNCCL.cpp:905] [PG ID 0 PG GUID 0 Rank {rank}] "
+            f"ProcessGroupNCCL initialization options: size: {n}, global rank: {rank}, TIMEOUT(ms): 600000, PG Name: 0")
+
+
+def _fired(tmp_path, lines):
+    (tmp_path / "torchrun.log").write_text("\n".join(lines) + "\n")
+    res, errors = _check(tmp_path)
+    assert not errors
+    return {(f.rule, tuple(f.ranks or ()), f.severity) for f in res.findings if f.rule.startswith("TQL5")}
+
+
+def test_dead_ranks_need_the_world_size_from_the_log(tmp_path):
+    """Ranks 0 and 3 report: without a stated world size no rank is called dead (the highest rank seen says nothing
+    of ranks 1 and 2 being in the job, or of ranks above 3); with ProcessGroupNCCL's "size: 6" ranks 1, 2, 4, 5 are."""
+    got = _fired(tmp_path, [_wd(0, 7), _wd(3, 7)])
+    assert got == {("TQL513", (0, 3), "error")}
+    got = _fired(tmp_path, [_size(0, 6), _wd(0, 7), _wd(3, 7)])
+    assert ("TQL515", (1, 2, 4, 5), "error") in got
+
+
+def test_one_rank_timeout_is_a_warning_that_says_what_is_missing(tmp_path):
+    (tmp_path / "torchrun.log").write_text(_wd(1, 22, "ALLGATHER") + "\n")
+    res, _ = _check(tmp_path)
+    [f] = [f for f in res.findings if f.rule.startswith("TQL5")]
+    assert (f.rule, f.ranks, f.severity) == ("TQL517", [1], "warning")
+    assert "no world size" in f.message and "#22" in f.message
+    # the world size known, the silent peer is named (error), the lone timeout stays unclassified (warning)
+    got = _fired(tmp_path, [_size(1, 2), _wd(1, 22, "ALLGATHER")])
+    assert got == {("TQL517", (1,), "warning"), ("TQL515", (0,), "error")}
+
+
+def test_terminate_line_alone_is_the_watchdog_timeout():
+    from traceql.ingest.nccl_log import parse_line
+
+    f = parse_line(ONE_LINE["terminate"])
+    assert f.kind == "watchdog_timeout" and f.fields["seq"] == 22 and f.fields["op"] == "all_gather"
+    assert f.fields["pg_rank"] == 1 and f.fields["pg_name"] == "0"
+    # "[PG 1 Rank 1]": rank 1 of group 1 is no global rank; only a launcher prefix would say which
+    g = parse_line("terminate called after throwing an instance of 'c10::DistBackendError' what():  [PG 1 Rank 1] "
+                   "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=BROADCAST, NumelIn=1, "
+                   "NumelOut=1, Timeout(ms)=1000) ran for 1001 milliseconds before timing out.")
+    assert g.kind == "watchdog_timeout" and g.fields["pg_name"] == "1" and g.rank is None
+
+
+def test_desync_report_lines_in_torch_wording():
+    """TraceUtils.h retrieveDesyncReport: each analysis line names ranks and a collective number."""
+    from traceql.ingest.nccl_log import parse_line
+
+    assert parse_line("\t - [0] Timeout at collective: ALLREDUCE, #2131").fields == {
+        "timeout_rank": 0, "op": "all_reduce", "seq": 2131}
+    assert parse_line(ONE_LINE["desync_missing"]).fields == {"missing_ranks": [3]}
+    assert parse_line(ONE_LINE["desync_joined"]).fields == {"stuck_ranks": [7], "seq": 2130}
+    f = parse_line("\t     [0, 1, 2] finished collective #2130, but didn't join collective #2131 (count from 1)")
+    assert f.fields == {"lagging_ranks": [0, 1, 2], "seq": 2130}
+
+
+def test_loopback_socket_is_flagged_only_across_nodes(tmp_path):
+    """`NET/Socket : Using [0]lo:127.0.0.1<0>` is fine on one host, a misconfiguration across two."""
+    def log(host, pid, rank, nnodes):
+        t = f"{host}:{pid}:{pid + 1} [0] NCCL INFO "
+        return [t + "NCCL version 2.21.5+cuda12.4", t + "NET/Socket : Using [0]lo:127.0.0.1<0>", t + "Using network Socket",
+                t + f"comm 0x{pid:x} rank {rank} nranks 2 cudaDev 0 nvmlDev 0 busId 1000 commId 0xabc - Init START",
+                t + f"comm 0x{pid:x} rank {rank} nRanks 2 nNodes {nnodes} localRanks {2 // nnodes} localRank 0 MNNVL 0",
+                t + f"ncclCommInitRank comm 0x{pid:x} rank {rank} nranks 2 cudaDev 0 nvmlDev 0 busId 1000 commId 0xabc - Init COMPLETE"]
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "rank0.log").write_text("\n".join(log("a", 10, 0, 1)) + "\n")
+    (one / "rank1.log").write_text("\n".join(log("a", 11, 1, 1)) + "\n")
+    assert not {r for r, _, _ in _fired(one, [])} & {"TQL501", "TQL502"}
+    two = tmp_path / "two"
+    two.mkdir()
+    (two / "rank0.log").write_text("\n".join(log("a", 10, 0, 2)) + "\n")
+    (two / "rank1.log").write_text("\n".join(log("b", 11, 1, 2)) + "\n")
+    got = _fired(two, [])
+    assert ("TQL502", (0,), "error") in got and ("TQL502", (1,), "error") in got
