@@ -150,9 +150,9 @@ def test_every_pattern_has_an_adversarial_case():
 
 
 def _time(fn, s: str) -> float:
-    """Best of 3 of the mean time per call, each measured over at least 2 ms (a call of a few µs is noise alone)."""
+    """Best of 5 of the mean time per call, each measured over at least 2 ms (a call of a few µs is noise alone)."""
     best = float("inf")
-    for _ in range(3):
+    for _ in range(5):
         k, t0 = 0, time.perf_counter()
         while True:
             fn(s)
@@ -167,8 +167,12 @@ def _time(fn, s: str) -> float:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_pattern_time_grows_linearly(name):
     fn, head, tok, tail = CASES[name]
-    t = {n: _time(fn, head + tok * n + tail) for n in SIZES}
-    # below FLOOR_S at 160 tokens nothing blew up (a quadratic pattern takes milliseconds there); above it, the ratio
+    # Below FLOOR_S at 160 tokens nothing blew up (a quadratic pattern takes milliseconds there); above it, the ratio.
+    # Measured up to three times: on a shared box one measurement can be descheduled, a real blow-up fails all three.
+    for _ in range(3):
+        t = {n: _time(fn, head + tok * n + tail) for n in SIZES}
+        if t[160] < FLOOR_S or t[160] / t[20] < RATIO:
+            break
     assert t[160] < FLOOR_S or t[160] / t[20] < RATIO, f"{name}: time(160)/time(20) = {t[160] / t[20]:.1f}: {t}"
     big = head + tok * (BIG // len(tok) + 1) + tail
     t0 = time.perf_counter()

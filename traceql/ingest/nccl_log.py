@@ -566,13 +566,19 @@ def _richness(f: LineFact | None) -> tuple[int, int, int]:
             sum(len(v) for v in vals if isinstance(v, (list, dict))))
 
 
-def _wrap_width(lines: list[str]) -> int | None:
+def _starts_record(line: str) -> bool:
+    """A line that cannot continue the one before: NCCL's own lines (most of a big log, tested first), blank lines and
+    launcher, glog and traceback heads."""
+    return "NCCL INFO" in line or not line.strip() or _RECORD_START.match(line) is not None
+
+
+def _wrap_width(lines: list[str], cands: list[int]) -> int | None:
     """The width a terminal cut these lines at: the commonest length (>= 60) of lines followed by a line that starts
-    no record, where at least two lines have it. None where nothing looks cut."""
+    no record (cands: their indices), where at least three lines have it. None where nothing looks cut."""
     counts: dict[int, int] = {}
-    for a, b in zip(lines, lines[1:]):
-        n = len(a.rstrip("\r"))
-        if n >= 60 and b.strip() and "NCCL INFO" not in b and _RECORD_START.match(b) is None:
+    for i in cands:
+        n = len(lines[i].rstrip("\r"))
+        if n >= 60:
             counts[n] = counts.get(n, 0) + 1
     if not counts:
         return None
@@ -589,12 +595,13 @@ def rejoin_wrapped(lines: list[str]) -> None:
     """Join wrapped continuations into the line they continue, in place (a joined piece becomes "", so that line
     numbers stay those of the file)."""
     n = len(lines)
-    width = _wrap_width(lines)
-    i = 0
-    while i < n - 1:
-        nxt = lines[i + 1]
-        if not nxt.strip() or "NCCL INFO" in nxt or _RECORD_START.match(nxt) is not None:
-            i += 1
+    start = _RECORD_START.match  # _starts_record inlined: this runs once per line of the log
+    cands = [i for i, nxt in enumerate(lines[1:]) if "NCCL INFO" not in nxt and nxt.strip() and start(nxt) is None]
+    if not cands:
+        return
+    width = _wrap_width(lines, cands)
+    for i in cands:
+        if not lines[i] or not lines[i + 1]:  # already joined
             continue
         first = lines[i].rstrip("\r")
         # a line cut right after NCCL's "host:pid:tid [dev] " head (`fold -s`, or a terminal inside "file.cc:12"):
@@ -602,7 +609,6 @@ def rejoin_wrapped(lines: list[str]) -> None:
         head_cut = _CORE_HEAD_END.search(first) is not None
         if len(first) < 30 or first.endswith("Last error:") or (
                 len(first) != width and not head_cut and _MARKS_RE.search(first) is None):
-            i += 1
             continue
         base = _richness(parse_line(first))
         # By meaning: the fewest pieces whose join says the most, strictly more than the first piece alone.
@@ -631,8 +637,6 @@ def rejoin_wrapped(lines: list[str]) -> None:
             lines[i] = first + "".join(lines[k].rstrip("\r") for k in range(i + 1, best_j + 1))
             for k in range(i + 1, best_j + 1):
                 lines[k] = ""
-            i = best_j
-        i += 1
 
 
 def classify_last_error(line: str) -> LineFact:
@@ -859,7 +863,7 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
                 # the block's last lines wait for the next block (a line wrapped there continues in it), from a line
                 # that cannot continue another, so that no join crosses the cut
                 k = len(lines) - 1
-                while k > len(lines) - _JOIN_MAX - 1 and _continues(lines[k]):
+                while k > len(lines) - _JOIN_MAX - 1 and not _starts_record(lines[k]):
                     k -= 1
                 rest = "\n".join(lines[k:] + [rest])
                 del lines[k:]
