@@ -179,3 +179,37 @@ def test_real_corpus_lines_survive_pasting(tmp_path, transform):
         if got != want:
             bad.append(f"{url}: {want} != {got}")
     assert not bad, "\n".join(bad)
+
+
+WD = ("[rank1]:[E1129 13:48:26.576543231 ProcessGroupNCCL.cpp:689] [Rank 1] Watchdog caught collective operation "
+      "timeout: WorkNCCL(SeqNum=22, OpType=ALLGATHER, NumelIn=4, NumelOut=8, Timeout(ms)=10000) ran for 10096 "
+      "milliseconds before timing out.")
+STATUS = ("[rank1]:[E1129 13:48:26.586975297 ProcessGroupNCCL.cpp:2303] [PG ID 0 PG GUID 0(default_pg) Rank 1]  "
+          "failure detected by watchdog at work sequence id: 22 PG status: last enqueued work: 27, last completed work: 21")
+
+
+@pytest.mark.parametrize("cut", [WD.index("timeout: ") + 9, WD.index("10096") + 3, WD.index("SeqNum=") + 8, 40])
+def test_a_line_cut_once_is_read_whole(tmp_path, cut):
+    """One wrapped line and nothing else that shows the width: cut after "timeout: ", inside a number, inside the
+    WorkNCCL(...) and inside the glog head. The reader joins it back (the join says strictly more, or a number
+    continues) and reads the same fact as from the whole line."""
+    whole = _facts(WD + "\n" + STATUS + "\n", tmp_path, "whole.log")
+    got = _facts(WD[:cut] + "\n" + WD[cut:] + "\n" + STATUS + "\n", tmp_path, "cut.log")
+    assert got == whole and ("watchdog_timeout", 22, "all_gather") in got[0]
+
+
+def test_a_number_cut_at_the_end_is_not_read_short(tmp_path):
+    """"last completed work: 2" / "1": the first piece alone reads as a status with the wrong number."""
+    p = tmp_path / "x.log"
+    p.write_text(STATUS[:-1] + "\n" + STATUS[-1:] + "\n")
+    ev = read(p, Source(p, "nccl_log"))["nccl_events"]
+    assert ev["detail"].str.json_path_match("$.last_completed").to_list() == ["21"]
+
+
+def test_unrelated_lines_after_a_complete_line_are_not_joined(tmp_path):
+    """Application output after a complete line (no prefix, nothing NCCL in it) stays apart: the join says no more."""
+    p = tmp_path / "x.log"
+    p.write_text(WD + "\nepoch 3 loss 2.31 lr 0.001 tokens/s 18234\n" + STATUS + "\n")
+    ev = read(p, Source(p, "nccl_log"))["nccl_events"]
+    wd = ev.filter(ev["kind"] == "watchdog_timeout")
+    assert wd.height == 1 and wd["text"][0].endswith("before timing out.")

@@ -613,10 +613,13 @@ def rejoin_wrapped(lines: list[str]) -> None:
         base = _richness(parse_line(first))
         # By meaning: the fewest pieces whose join says the most, strictly more than the first piece alone.
         best, best_j, joined, j = base, 0, first, i + 1
+        # a number cut in two ("last completed work: 2" / "1, ..."): the first piece may read as a fact with the wrong
+        # value, so the join need only say as much
+        digit_cut = first[-1:].isdigit() and lines[i + 1][:1].isdigit()
         while j < n and j - i <= _JOIN_MAX and (_continues(lines[j]) or (head_cut and j == i + 1)):
             joined += lines[j].rstrip("\r")
             r = _richness(parse_line(joined))
-            if r[0] >= 2 and r > best:
+            if r[0] >= 2 and (r > best or (digit_cut and j == i + 1 and r >= best)):
                 best, best_j = r, j
             j += 1
         if not best_j and len(first) == width:
