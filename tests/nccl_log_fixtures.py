@@ -116,3 +116,36 @@ L = ["[rank1]:[E ProcessGroupNCCL.cpp:1316] [PG 0 Rank 1] Heartbeat monitor time
      "[rank1]:[F ProcessGroupNCCL.cpp:1169] [PG 0 Rank 1] [PG 0 Rank 1] ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress in monitoring enqueued collectives."]
 write(d, "rank1.log", L)
 man(d, "nccl-heartbeat", "no GPU machine: the heartbeat monitor kills rank 1 (watchdog stuck)", {"fire": ["TQL516"]})
+
+# ---- excerpt of one rank: the three lines a user pastes from rank 1's stderr of the real 2-GPU capture
+# fixtures/h200x2-desync (NCCL 2.28.9, torch 2.11), cut by hand; nothing in it states the world size
+d = F / "nccl-log-excerpt-one-rank"; d.mkdir(exist_ok=True)
+src = (F / "h200x2-desync" / "rank1.stderr.log").read_text().splitlines()
+keep = [l for l in src if "Watchdog caught collective operation timeout" in l and l.startswith("[rank1]:")][:1]
+keep += [l for l in src if "failure detected by watchdog" in l][:1]
+keep += [l for l in src if l.startswith("terminate called")][:1] + [l for l in src if l.startswith("  what():")][:1]
+write(d, "pasted.log", keep)
+man(d, "nccl-excerpt-one-rank", "an issue paste: rank 1's watchdog lines only, cut by hand from the real capture "
+    "fixtures/h200x2-desync/rank1.stderr.log (its lines are verbatim)", {"fire": ["TQL517"]})
+
+# ---- TORCH_NCCL_DESYNC_DEBUG report (TraceUtils.h retrieveDesyncReport wording): 8 ranks, rank 7 stuck in
+# all_reduce #2130 while the others wait in #2131
+d = F / "nccl-log-desync-report"; d.mkdir(exist_ok=True)
+L = []
+for r in range(8):
+    L.append(f"[rank{r}]:I1206 18:30:0{r}.100000000 1000{r} ProcessGroupNCCL.cpp:905] [PG ID 0 PG GUID 0 Rank {r}] ProcessGroupNCCL initialization options: size: 8, global rank: {r}, TIMEOUT(ms): 600000, USE_HIGH_PRIORITY_STREAM: 0, SPLIT_FROM: 0, SPLIT_COLOR: 0, PG Name: 0")
+for r in range(8):
+    seq = 2130 if r == 7 else 2131
+    L.append(wd(r, seq, "ALLREDUCE", 1024, f"44:1{r}"))
+L += ["[rank0]:[E1206 18:44:10.815298746 ProcessGroupNCCL.cpp:1688] Rank 0",
+      "[rank0]:\t - [0] Timeout at collective: ALLREDUCE, #2131",
+      "[rank0]:\t - To our best knowledge, the lagging/dead/mismatched ranks that caused the desync are:",
+      "[rank0]:\t   - [7] joined but didn't finish collective #2130 (count from 1)",
+      "[rank0]:\t - Snapshot of ranks' latest states:",
+      "[rank0]:\t   #2130 started ranks:",
+      "[rank0]:\t     [7] started ALLREDUCE",
+      "[rank0]:\t   #2131 started ranks:",
+      "[rank0]:\t     [0, 1, 2, 3, 4, 5, 6] started ALLREDUCE"]
+write(d, "torchrun.log", L)
+man(d, "nccl-desync-report", "no GPU capture with TORCH_NCCL_DESYNC_DEBUG=1: the report in TraceUtils.h's wording, "
+    "rank 7 stuck in all_reduce #2130 while ranks 0-6 wait in #2131", {"fire": ["TQL514", "TQL518"]})

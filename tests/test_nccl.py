@@ -308,7 +308,7 @@ def test_tql5_rules_fire_and_stay_quiet_on_their_fixtures():
     from traceql.rules.testing import test_rules
 
     rules = [r for r in load_rules([REPO / "rules"]) if r.id.startswith("TQL5")]
-    assert len(rules) == 16
+    assert len(rules) == 18
     outcomes = test_rules(rules, REPO, use_cache=False)
     bad = [f"{o.rule} {o.expect} {o.fixture}: {o.detail}" for o in outcomes if not o.ok]
     assert not bad, "\n".join(bad)

@@ -31,7 +31,8 @@ from traceql.model import SCHEMAS, Source
 KIND = "nccl_log"
 SUPPORTED = True
 
-_NCCL = re.compile(rb"NCCL (INFO|WARN|TRACE|ABORT)|ProcessGroupNCCL|\[PG ID \d+|NCCL version \d")
+_NCCL = re.compile(rb"NCCL (INFO|WARN|TRACE|ABORT)|ProcessGroupNCCL|\[PG ID \d+|NCCL version \d"
+                   rb"|ranks that caused (?:this timeout|the desync)|joined but didn't finish collective #")
 
 
 def sniff(path: Path, head: bytes) -> bool:
@@ -48,12 +49,12 @@ _TAG_PREFIX = re.compile(r"^\s*\[(\d+)\] (?=\S+ \[\d+\] )")  # mpirun "[N] host:
 
 # NCCL core: host:pid:tid [dev] (file:line )?NCCL LEVEL text. Host has no ':' '[' ']' or blanks.
 _CORE = re.compile(
-    r"(?P<host>[^\s:\[\]]+)(?::(?P<pid>\d+):(?P<tid>\d+))? \[(?P<dev>\d+)\] "
-    r"(?:(?P<src>[\w./-]+:\d+) )?NCCL (?P<level>INFO|WARN|TRACE|ABORT)\b ?(?P<text>.*)"
+    r"(?<![^\s:\[\]])(?P<host>[^\s:\[\]]++)(?::(?P<pid>\d++):(?P<tid>\d++))? \[(?P<dev>\d++)\] "
+    r"(?:(?P<src>[\w./-]++:\d++) )?NCCL (?P<level>INFO|WARN|TRACE|ABORT)\b ?(?P<text>.*)"
 )
 # What every _CORE match holds from its "[dev]" on: a literal-led pattern the regex engine finds fast, so that lines
 # without it skip _CORE, whose search is quadratic on long lines that do not match (PyTorch env dumps, tracebacks).
-_CORE_TAIL = re.compile(r"\] (?:[\w./-]+:\d+ )?NCCL (?:INFO|WARN|TRACE|ABORT)")
+_CORE_TAIL = re.compile(r"\] (?:[\w./-]++:\d++ )?NCCL (?:INFO|WARN|TRACE|ABORT)")
 
 
 def _core(line: str) -> re.Match | None:
@@ -69,7 +70,7 @@ def _core(line: str) -> re.Match | None:
 
 
 # Core without host (a bare "init.cc:1247 NCCL WARN ..." as old releases or a stripped excerpt show it).
-_BARE = re.compile(r"(?:^|\s)(?:(?P<src>[\w./-]+\.(?:cc|c|h|cpp|cu):\d+) )?NCCL (?P<level>INFO|WARN) (?P<text>.*)")
+_BARE = re.compile(r"(?:^|(?<=\s))(?:(?P<src>[\w./-]{1,200}\.(?:cc|c|h|cpp|cu):\d++) )?NCCL (?P<level>INFO|WARN) (?P<text>.*)")
 
 # Timestamps a line may carry: RFC 3339 (k8s, CloudWatch), "[2025-11-24 11:20:21]" (NCCL >= 2.26 WARN),
 # "2025-02-18 12:54" (platform), glog "E1206 18:44:12.715298746" (no year).
@@ -79,18 +80,18 @@ _GLOG_YEAR = 2000  # glog omits the year; a fixed leap year keeps times of one r
 
 # --- NCCL INFO/WARN texts -------------------------------------------------------------------------------------
 _VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)(?:\+cuda(\d+\.\d+))?")  # bare (<=2.17) or INFO (>=2.18)
-_ENV = re.compile(r"^(NCCL_[A-Z0-9_]+) set by environment to (.*?)\.?\s*$")
-_BOOTSTRAP = re.compile(r"^Bootstrap ?: Using (?:\[\d+\])?(\S+?):(\S+)")  # "Bootstrap : " (<2.25), "Bootstrap: " (>=2.25)
+_ENV = re.compile(r"^(NCCL_[A-Z0-9_]++) set by environment to (.*)")  # value: trailing blanks and one "." cut in code
+_BOOTSTRAP = re.compile(r"^Bootstrap ?: Using (?:\[\d++\])?([^\s:]++):(\S++)")  # "Bootstrap : " (<2.25), "Bootstrap: " (>=2.25)
 _NET_SOCKET_IFS = re.compile(r"^NET/Socket ?: Using (.*)")
-_NET_IB_USING = re.compile(r"^NET/IB ?: Using (.*?);? ?(?:OOB (\S+))?$")
+_NET_IB_USING = re.compile(r"^NET/IB ?: Using (.*)")  # devices, then "; OOB iface:addr" (split in code)
 _NET_IB_NONE = re.compile(r"^NET/IB ?: No device found")
 _USING_NETWORK = re.compile(r"^Using network (\S+)")
 _NET_PLUGIN = re.compile(r"^(?:NET/Plugin ?: (.*)|Plugin Path : (\S+)|P2P plugin (\S+)|Using non-device net plugin)")
 _NO_IBVERBS = re.compile(r"^Failed to open libibverbs")
 # GPU Direct RDMA: "NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0' (no module)" (2.1x-2.2x) and the
 # per-GPU decision "GPU Direct RDMA Disabled for GPU 18000 / HCA 0 (distance 5 > 4)" (2.4-2.1x NET subsystem).
-_GDR_HCA = re.compile(r"^NET/(\w+) ?: GPU Direct RDMA (Disabled|Enabled) for HCA (\d+) '([^']*)'(?: \((.*)\))?")
-_GDR_GPU = re.compile(r"^GPU Direct RDMA (Disabled|Enabled) for GPU (\w+) / HCA (\d+)(?: \((.*?)\))?")
+_GDR_HCA = re.compile(r"^NET/(\w++) ?: GPU Direct RDMA (Disabled|Enabled) for HCA (\d++) '([^']*+)'(?: \((.*)\))?")
+_GDR_GPU = re.compile(r"^GPU Direct RDMA (Disabled|Enabled) for GPU (\w++) / HCA (\d++)(?: \(([^)]*+)\))?")
 # Communicator init. 2.18+: "comm 0x.. rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 4f000 commId 0x.. - Init START";
 # 2.1x: "comm 0x.. rank 15 nranks 16 cudaDev 7 busId e7000 - Init COMPLETE"; 2.4: no busId;
 # 2.22+: "ncclCommInitRank comm 0x.. rank .. - Init COMPLETE".
@@ -103,73 +104,92 @@ _COMM_INIT = re.compile(
 _COMM_NODES = re.compile(r"^comm (0x[0-9a-f]+) rank (\d+) nRanks (\d+) nNodes (\d+) localRanks (\d+)")
 # Init timings. 2.22: "Init timings: rank 2 nranks 16 total 1.08 (kernels 0.51, ...)";
 # 2.23+: "Init timings - ncclCommInitRank: rank 0 nranks 8 total 0.58 (kernels 0.12, alloc 0.01, ...)".
-_INIT_TIMINGS = re.compile(r"^Init timings(?: -\s*\w+)?:? rank (\d+) nranks (\d+) total ([\d.]+) \((.*)\)")
-_TIMING_PART = re.compile(r"(\w+) ([\d.]+)")
+_INIT_TIMINGS = re.compile(r"^Init timings(?: -\s*+\w++)?:? rank (\d++) nranks (\d++) total ([\d.]++) \((.*)\)")
+_TIMING_PART = re.compile(r"\b(\w++) ([\d.]++)")  # from a word's start only: no retry inside a long word
 # Channels/transports. "Channel 00/0 : 2[2] -> 3[3] via P2P/direct pointer/read" (2.12+), "Channel 00 : 3[4a000] ->
 # 6[44000] [send] via NET/IB/0/GDRDMA" (2.7-2.11), "Ring 00 : 34 -> 33 [send] via NET/Socket/0" (2.4).
-_VIA = re.compile(r"^(?:Channel|Ring) \d+(?:/\d+)? : .*? via (\S+(?: \S+)*)")
+_VIA = re.compile(r"^(?:Channel|Ring) \d++(?:/\d++)? : .*? via (\S++(?: \S++)*+)")
 _CHANNELS = re.compile(r"^(\d+) coll channels")  # "16 coll channels, 0 nvls channels, 16 p2p channels, ..."
-_RING_LIST = re.compile(r"^Channel (\d+)/(\d+) :\s+((?:\d+\s*)+)$")
+# Possessive: "(?:\d+\s*)+" alone splits "10" into "1" "0" in 2^n ways before failing (issue 16).
+_RING_LIST = re.compile(r"^Channel (\d++)/(\d++) :\s++((?:\d++\s*+)++)$")
 _TREES = re.compile(r"^Trees (.*)")
 _P2P_DISABLED = re.compile(r"^P2P is disabled between connected GPUs (\d+) and (\d+)")
 _COLL = re.compile(r"^(\w+): opCount ([0-9a-f]+) sendbuff \S+ recvbuff \S+ count (\d+) datatype (\d+) op (\d+) root (\d+) comm (0x[0-9a-f]+) \[nranks=(\d+)\]")
+# "[0]eth0:10.0.0.1<0>" and "[0]mlx5_0:1/IB": names hold no bracket, so a match never runs past the next "[".
+_SOCKET_IF = re.compile(r"\[\d++\]([^:\s\[\]]++):")
+_IB_DEV = re.compile(r"\[\d++\]([^:\s\[\]]++):\d++/([^\s\[]++)")
 _TRAIL = re.compile(r"^([\w./-]+:\d+) -> (\d+)")  # return-code trail "transport/net.cc:1302 -> 6 [Proxy Thread]"
 
 # WARN texts
 _DUP_GPU = re.compile(r"Duplicate GPU detected : rank (\d+) and rank (\d+) both on CUDA device (\w+)")
 _IB_COMPLETION = re.compile(  # 2.1x: "with error 4, opcode 32564, len 32564, vendor err 81"; 2.2x: "with status=12 opcode=0 len=0 vendor err 129"
-    r"NET/IB ?: Got completion from peer (\S+) with (?:error (\d+)|status=(\d+)).*?vendor err (\d+)"
+    r"NET/IB ?: Got completion from peer (\S++) with (?:error (\d++)|status=(\d++)).{0,200}?vendor err (\d++)"
 )
-_IB_OTHER = re.compile(r"NET/IB|ibv_\w+|IB(?:ext)? ?:|RoCE|mlx5")
+_IB_OTHER = re.compile(r"NET/IB|ibv_|IB(?:ext)? ?:|RoCE|mlx5")
 _SOCKET_ERR = re.compile(r"socket|Socket|Call to (?:send|recv)|Connection (?:reset|closed|refused)|Broken pipe|connect")
-_OFI_ERR = re.compile(r"NET/OFI .*(?:completed with error|error)")
+
 _MISMATCH_NCCL = re.compile(r"Mismatched collective detected")
 
 # --- ProcessGroupNCCL --------------------------------------------------------------------------------------------
-_PG_PREFIX = re.compile(r"\[(?:PG (?:ID )?(\d+)(?: PG GUID (\S+?)(?:\(([^)]*)\))?)? )?Rank (\d+)\]")
+_PG_PREFIX = re.compile(r"\[(?:PG (?:ID )?(\d++)(?: PG GUID ([^\s(]++)(?:\(([^)]{0,256})\))?)? )?Rank (\d++)\]")
 _WORK = re.compile(
-    r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)(?:, NumelIn=(-?\d+), NumelOut=(-?\d+))?, Timeout\(ms\)=(\d+)\)"
+    r"WorkNCCL\(SeqNum=(\d++), OpType=(\w++)(?:, NumelIn=(-?\d++), NumelOut=(-?\d++))?, Timeout\(ms\)=(\d++)\)"
 )
-_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(.*?\) ran for (\d+) milliseconds")
+# Matched once, at the first occurrence of their fixed head (_first): searched, the ".*?" gap would be retried from
+# every occurrence of the head, quadratic on a line that repeats it (issue 16). Shorter gaps elsewhere are bounded.
+_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: ?WorkNCCL\(.*?\) ran for (\d++) milliseconds")
 _BLOCKING = re.compile(r"Work WorkNCCL\(.*?\) timed out in blocking wait")
 _ASYNC_EXC = re.compile(r"Collective WorkNCCL\(.*?\) raised the following async exception: (.*)")
+_HEADS = {_WATCHDOG: "Watchdog caught collective operation timeout:", _BLOCKING: "Work WorkNCCL(",
+          _ASYNC_EXC: "Collective WorkNCCL("}
+
+
+def _first(p: re.Pattern, line: str) -> re.Match | None:
+    i = line.find(_HEADS[p])
+    return p.match(line, i) if i >= 0 else None
 # 2.0-2.5: "Exception (either an error or timeout) detected by watchdog at work: 1580, last enqueued NCCL work: 1582,
 # last completed NCCL work: 1579."; "Timeout at NCCL work: 7753, last enqueued ..."; 2.6+: "failure detected by
 # watchdog at work sequence id: 120049 PG status: last enqueued work: 120051, last completed work: 120048".
 _PG_STATUS = re.compile(
-    r"(?:detected by watchdog at work|Timeout at NCCL work|failure detected by watchdog at work sequence id):? (-?\d+)"
-    r".*?last enqueued (?:NCCL )?work: (-?\d+), last completed (?:NCCL )?work: (-?\d+)"
+    r"(?:detected by watchdog at work|Timeout at NCCL work|failure detected by watchdog at work sequence id):? (-?\d++)"
+    r".{0,200}?last enqueued (?:NCCL )?work: (-?\d++), last completed (?:NCCL )?work: (-?\d++)"
 )
 _DUMP_SIGNAL = re.compile(
-    r"Received a dump signal (?:due to a collective timeout )?from\s+(this local rank|rank\s*\d+)"
-    r"(?:.*?Last enqueued \w+ work: (-?\d+), last completed \w+ work: (-?\d+))?"
+    r"Received a dump signal (?:due to a collective timeout )?from\s++(this local rank|rank\s*+\d++)"
+    r"(?:.{0,300}?Last enqueued \w++ work: (-?\d++), last completed \w++ work: (-?\d++))?"
 )
 _DUMP_OBSERVED = re.compile(r"Observed flight recorder dump signal from another rank")
 _DUMP_FIRST = re.compile(r"First PG on this rank to signal dumping")
 _DUMP_PREP = re.compile(r"preparing to dump debug info|Flight Recorder trace successfully dumped")
 _HEARTBEAT = re.compile(r"Heartbeat monitor timed out")
-_WATCHDOG_STUCK = re.compile(r"watchdog got stuck for (\d+) seconds")
+_WATCHDOG_STUCK = re.compile(r"watchdog got stuck for (\d++) seconds")
 _ABORT = re.compile(
     r"taking the entire process down|watchdog thread terminated with exception|terminate called after throwing"
     r"|Some NCCL operations have failed or timed out|Aborting communicators|ProcessGroupNCCL aborting|abort(?:ing|ed) (?:NCCL )?comm"
 )
 _PG_ENV = re.compile(r"(ProcessGroupNCCL environments|ProcessGroupNCCL initialization options|HeartbeatMonitor environments|PGNCCL Watchdog environments): (.*)")
-_KV = re.compile(r"([A-Z][A-Za-z0-9_ ().]*?(?:\([^)]*\))?): ([^,]+)")
-_DEPRECATED_ENV = re.compile(r"(?:Environment variable )?(\w+) is (?:deprecated|the default now, this environment variable is thus deprecated)")
-_CUDA_FAILURE = re.compile(r"Cuda failure '([^']*)'")
-_NCCL_ERROR = re.compile(r"NCCL error(?: in: (\S+?),)?:? ?(.*?)(?:, NCCL version (\d+\.\d+\.\d+))?$")
+_DEPRECATED_ENV = re.compile(r"\b(\w++) is (?:deprecated|the default now, this environment variable is thus deprecated)")
+_CUDA_FAILURE = re.compile(r"Cuda failure '([^']{0,500})'")
+# One attempt, at the first "NCCL error": everything after it is optional and ".*?...$" always ends the match.
+_NCCL_ERROR = re.compile(r"NCCL error(?: in: ([^\s,]++),)?:? ?(.*?)(?:, NCCL version (\d++\.\d++\.\d++))?$")
 _NCCL_ERR_NAME = re.compile(r"(?:^|[\s:])(nccl(?:Remote|System|UnhandledCuda|Internal|InvalidUsage|InvalidArgument|InProgress)Error|ncclUnhandledCudaError|ncclInvalidUsage): (.*)")
+# The two fingerprints of a mismatch, found by two searches (the second from the end of the first): one pattern with
+# ".*?" between them would be retried from every occurrence of the first.
 _FINGERPRINT = re.compile(
-    r"Detected mismatch between collectives on ranks\. Rank (\d+) is running collective: CollectiveFingerPrint\("
-    r"SequenceNumber=(\d+),? ?OpType=(\w+).*?but Rank (\d+) is running collective: CollectiveFingerPrint\("
-    r"SequenceNumber=(\d+),? ?OpType=(\w+)"
+    r"Detected mismatch between collectives on ranks\. Rank (\d++) is running collective: CollectiveFingerPrint\("
+    r"SequenceNumber=(\d++),? ?OpType=(\w++)"
+)
+_FINGERPRINT_OTHER = re.compile(
+    r"but Rank (\d++) is running collective: CollectiveFingerPrint\(SequenceNumber=(\d++),? ?OpType=(\w++)"
 )
 # TORCH_NCCL_DESYNC_DEBUG report lines (TraceUtils.h).
-_DESYNC_MISSING = re.compile(r"ranks \[([\d, ]*)\] are the lagging ranks that caused this timeout")
-_DESYNC_JOINED = re.compile(r"\[([\d, ]*)\] joined but didn't finish collective #(\d+)")
-_DESYNC_FINISHED = re.compile(r"\[([\d, ]*)\] finished collective #(\d+), but didn't join collective #(\d+)")
+_DESYNC_MISSING = re.compile(r"ranks \[([\d, ]*+)\] are the lagging ranks that caused this timeout")
+_DESYNC_JOINED = re.compile(r"\[([\d, ]*+)\] joined but didn't finish collective #(\d++)")
+_DESYNC_FINISHED = re.compile(r"\[([\d, ]*+)\] finished collective #(\d++), but didn't join collective #(\d++)")
+# "\t - [7] Timeout at collective: ALLREDUCE, #2130": the rank whose watchdog asked for the report, where it waits.
+_DESYNC_TIMEOUT = re.compile(r"\[(\d++)\] Timeout at collective: (\w++), #(\d++)")
 _FR_DISABLED = re.compile(r"FlightRecorder is disabled")
-_GLOG_SRC = re.compile(r"\[?([IWEF])(?:\d{4} [\d:.]+)? ?[\w.]+\.(?:cpp|hpp|h):\d+\]")  # level of a c10d log line
+_GLOG_SRC = re.compile(r"(?<![\w.])\[?([IWEF])(?:\d{4} [\d:.]++)? ?[\w.]{1,200}\.(?:cpp|hpp|h):\d++\]")  # level of a c10d log line
 
 # Cheap prefilter: a line without any of these is foreign (application output, tracebacks).
 _MARKS = ("NCCL", "nccl", "Watchdog", "watchdog", "collective", "Heartbeat", "dump signal", "NET/", "Rank ", "Cuda failure", "terminate called")
@@ -271,7 +291,8 @@ def _nccl_text(text: str, level: str) -> tuple[str, dict]:
         return "version", {"version": m.group(1), "cuda": m.group(2)}
     m = _ENV.match(text)
     if m:
-        return "env", {"name": m.group(1), "value": m.group(2).strip()}
+        value = m.group(2).rstrip()
+        return "env", {"name": m.group(1), "value": (value[:-1] if value.endswith(".") else value).strip()}
     m = _COMM_INIT.match(text)
     if m:
         return "comm_init", {
@@ -303,16 +324,20 @@ def _nccl_text(text: str, level: str) -> tuple[str, dict]:
         return "bootstrap", {"iface": m.group(1), "addr": m.group(2)}
     m = _NET_SOCKET_IFS.match(text)
     if m:
-        ifs = re.findall(r"\[\d+\]([^:\s]+):", m.group(1))
+        ifs = _SOCKET_IF.findall(m.group(1))
         return "net_socket", {"ifaces": ifs}
     m = _NET_IB_NONE.match(text)
     if m:
         return "net_ib", {"devices": []}
     m = _NET_IB_USING.match(text)
     if m:
-        devs = re.findall(r"\[\d+\]([^:\s]+):\d+/(\S+?)(?=\s|$|\[)", m.group(1))
+        rest, oob = m.group(1), None
+        i = rest.rfind("OOB ")  # "...[RO]; OOB ib0:10.0.0.1<0>": the last token after "OOB "
+        if i >= 0 and rest[i + 4:] and not any(ch.isspace() for ch in rest[i + 4:]):
+            rest, oob = rest[:i], rest[i + 4:]
+        devs = _IB_DEV.findall(rest)
         return "net_ib", {"devices": [d for d, _ in devs], "link": sorted({t.split("/")[0] for _, t in devs}),
-                          "oob": m.group(2)}
+                          "oob": oob}
     m = _USING_NETWORK.match(text)
     if m:
         return "network", {"network": m.group(1)}
@@ -387,15 +412,15 @@ def _work(line: str) -> dict:
 
 def _pg_text(line: str) -> tuple[str, dict] | None:
     """Classify a PyTorch distributed line (ProcessGroupNCCL, c10d). None where it says nothing we keep."""
-    m = _WATCHDOG.search(line)
+    m = _first(_WATCHDOG, line)
     if m:
         f = _work(line)
         f["ran_ms"] = int(m.group(1))
         f["mode"] = "watchdog"
         return "watchdog_timeout", f
-    if _BLOCKING.search(line):
+    if _first(_BLOCKING, line):
         return "watchdog_timeout", {**_work(line), "mode": "blocking_wait"}
-    m = _ASYNC_EXC.search(line)
+    m = _first(_ASYNC_EXC, line)
     if m:
         f = _work(line)
         e = _NCCL_ERROR.search(m.group(1))
@@ -427,13 +452,19 @@ def _pg_text(line: str) -> tuple[str, dict] | None:
         return "dump", {}
     m = _PG_ENV.search(line)
     if m:
-        env = {k.split(" (")[0].strip(): v.strip().rstrip(".") for k, v in _KV.findall(m.group(2))}
+        env = {}
+        for part in m.group(2).split(","):  # "NCCL version: 2.21.5, TIMEOUT(ms): 600000, size: 8, ..."
+            k, sep, v = part.partition(": ")
+            k = k.split(" (")[0].strip()
+            if sep and k:
+                env[k] = v.strip().rstrip(".")
         return "pg_env", {"what": m.group(1), "env": env}
     m = _FINGERPRINT.search(line)
-    if m:
+    o = _FINGERPRINT_OTHER.search(line, m.end()) if m else None
+    if o:
         return "collective_mismatch", {
-            "ranks": [int(m.group(1)), int(m.group(4))], "seqs": [int(m.group(2)), int(m.group(5))],
-            "ops": [m.group(3), m.group(6)],
+            "ranks": [int(m.group(1)), int(o.group(1))], "seqs": [int(m.group(2)), int(o.group(2))],
+            "ops": [m.group(3), o.group(3)],
         }
     m = _DESYNC_MISSING.search(line)
     if m:
@@ -444,6 +475,10 @@ def _pg_text(line: str) -> tuple[str, dict] | None:
     m = _DESYNC_FINISHED.search(line)
     if m:
         return "desync_report", {"lagging_ranks": _ranks(m.group(1)), "seq": int(m.group(2))}
+    m = _DESYNC_TIMEOUT.search(line)
+    if m:
+        return "desync_report", {"timeout_rank": int(m.group(1)), "op": OP_NAMES.get(m.group(2), m.group(2).lower()),
+                                 "seq": int(m.group(3))}
     if "Detected mismatch between collectives" in line:
         return "collective_mismatch", {}
     m = _DEPRECATED_ENV.search(line) if "deprecated" in line else None  # the test spares a slow search
@@ -465,8 +500,8 @@ def _pg_text(line: str) -> tuple[str, dict] | None:
         return "error", {"reason": f"Cuda failure '{m.group(1)}'"}
     if _FR_DISABLED.search(line):
         return "info", {"fr_disabled": True}
-    m = _OFI_ERR.search(line)
-    if m:
+    i = line.find("NET/OFI ")
+    if i >= 0 and "error" in line[i + 8:]:
         return "net_error", {"plugin": "aws-ofi-nccl"}
     return None
 
@@ -499,6 +534,112 @@ def parse_line(line: str) -> LineFact | None:
     if m:
         return LineFact("version", "INFO", rank=rank, text=line.strip(), fields={"version": m.group(1), "cuda": m.group(2)})
     return None
+
+
+# --- Lines a terminal or a paste wrapped -------------------------------------------------------------------------
+# A line cut by a terminal (at its width, or at a blank by `fold -s`) continues on lines without any prefix. A
+# continuation is joined back only where that is safe: the next line starts no record of its own (no launcher, glog,
+# NCCL or traceback head), says nothing by itself, and the joined line says strictly more than the first piece did
+# (a fact where there was none, or more fields). Up to _JOIN_MAX pieces; "Last error:" lines are never joined (the
+# free text after them is read in context).
+_JOIN_MAX = 8
+_RECORD_START = re.compile(
+    r"\[(?:rank\d++\]|default\d++\]|1,\d++\]|[IWEFV]\d{4} |PG |Rank |\d{4}-|\d++\] )|\(\w++ pid=\d++|\d++: |[^\s:\[\]]++:\d++:\d++ \[|[IWEFV]\d{4} |\d{4}-\d\d-\d\d|NCCL "
+    r"|terminate called|\s*+what\(\)|Exception raised|frame #|#\d++ |Traceback|\s++File \"|[\w.]*+(?:Error|Exception)\b"
+)
+
+
+# NCCL's "host[:pid:tid] [dev] " head at a line's end, maybe with the start of its "file.cc:12 NCCL" after it
+_CORE_HEAD_END = re.compile(r"(?<![^\s:\[\]])[^\s:\[\]]++(?::\d++:\d++)? \[\d++\](?: [\w./:-]*+)?(?: NC?C?L?)?$")
+
+
+_KIND_RICHNESS = {"info": 1, "warn": 2, "error": 3}
+
+
+def _richness(f: LineFact | None) -> tuple[int, int, int]:
+    """(no fact / info / a bare WARN / a generic error / a named fact, fields with a value, items of its list and
+    dict fields)."""
+    if f is None:
+        return (0, 0, 0)
+    vals = f.fields.values()
+    return (_KIND_RICHNESS.get(f.kind, 4), sum(1 for v in vals if v not in (None, "", [], {})),
+            sum(len(v) for v in vals if isinstance(v, (list, dict))))
+
+
+def _starts_record(line: str) -> bool:
+    """A line that cannot continue the one before: NCCL's own lines (most of a big log, tested first), blank lines and
+    launcher, glog and traceback heads."""
+    return "NCCL INFO" in line or not line.strip() or _RECORD_START.match(line) is not None
+
+
+def _wrap_width(lines: list[str], cands: list[int]) -> int | None:
+    """The width a terminal cut these lines at: the commonest length (>= 60) of lines followed by a line that starts
+    no record (cands: their indices), where at least three lines have it. None where nothing looks cut."""
+    counts: dict[int, int] = {}
+    for i in cands:
+        n = len(lines[i].rstrip("\r"))
+        if n >= 60:
+            counts[n] = counts.get(n, 0) + 1
+    if not counts:
+        return None
+    n, k = max(counts.items(), key=lambda kv: (kv[1], kv[0]))
+    return n if k >= 3 else None
+
+
+def _continues(piece: str) -> bool:
+    """Whether a line may continue the one before: not blank, no record head, nothing to say by itself."""
+    return bool(piece.strip()) and _RECORD_START.match(piece) is None and _richness(parse_line(piece))[0] < 2
+
+
+def rejoin_wrapped(lines: list[str]) -> None:
+    """Join wrapped continuations into the line they continue, in place (a joined piece becomes "", so that line
+    numbers stay those of the file)."""
+    n = len(lines)
+    start = _RECORD_START.match  # _starts_record inlined: this runs once per line of the log
+    cands = [i for i, nxt in enumerate(lines[1:]) if "NCCL INFO" not in nxt and nxt.strip() and start(nxt) is None]
+    if not cands:
+        return
+    width = _wrap_width(lines, cands)
+    for i in cands:
+        if not lines[i] or not lines[i + 1]:  # already joined
+            continue
+        first = lines[i].rstrip("\r")
+        # a line cut right after NCCL's "host:pid:tid [dev] " head (`fold -s`, or a terminal inside "file.cc:12"):
+        # the next piece is its text, which may read alone as a bare "file.cc:12 NCCL WARN ..." line
+        head_cut = _CORE_HEAD_END.search(first) is not None
+        if len(first) < 30 or first.endswith("Last error:") or (
+                len(first) != width and not head_cut and _MARKS_RE.search(first) is None):
+            continue
+        base = _richness(parse_line(first))
+        # By meaning: the fewest pieces whose join says the most, strictly more than the first piece alone.
+        best, best_j, joined, j = base, 0, first, i + 1
+        # a number cut in two ("last completed work: 2" / "1, ..."): the first piece may read as a fact with the wrong
+        # value, so the join need only say as much
+        digit_cut = first[-1:].isdigit() and lines[i + 1][:1].isdigit()
+        while j < n and j - i <= _JOIN_MAX and (_continues(lines[j]) or (head_cut and j == i + 1)):
+            joined += lines[j].rstrip("\r")
+            r = _richness(parse_line(joined))
+            if r[0] >= 2 and (r > best or (digit_cut and j == i + 1 and r >= best)):
+                best, best_j = r, j
+            j += 1
+        if not best_j and len(first) == width:
+            # By shape: cut at the terminal's width, every piece as wide continues on the next and a shorter one
+            # ends the line; a piece may then say something alone ("295 NCCL WARN ..." after "net_ib.cc:1").
+            joined, last, j = first, i, i + 1
+            while j < n and j - i <= _JOIN_MAX and lines[j].strip() and _RECORD_START.match(lines[j]) is None:
+                piece = lines[j].rstrip("\r")
+                joined += piece
+                last = j
+                if len(piece) != width:
+                    break
+                j += 1
+            if last > i and _richness(parse_line(joined)) >= max(base, *(_richness(parse_line(lines[k]))
+                                                                          for k in range(i + 1, last + 1))):
+                best_j = last
+        if best_j:
+            lines[i] = first + "".join(lines[k].rstrip("\r") for k in range(i + 1, best_j + 1))
+            for k in range(i + 1, best_j + 1):
+                lines[k] = ""
 
 
 def classify_last_error(line: str) -> LineFact:
@@ -571,7 +712,7 @@ _BLOCK = 1 << 20  # bytes read at a time: lines are cut once per block, never th
 # The INFO lines a large log is made of say nothing the tables keep: NCCL_DEBUG_SUBSYS=COLL prints one per collective
 # ("AllReduce: opCount 1a sendbuff ..."), and most init chatter classifies as "info". No earlier pattern of
 # _nccl_text can match a text that starts like a COLL line except _VERSION, hence the "NCCL version" test beside it.
-_COLL_HEAD = re.compile(r"\w+: opCount ")
+_COLL_HEAD = re.compile(r"\b\w++: opCount ")
 _TEXT_CACHE_MAX = 1 << 14  # distinct INFO texts whose classification is kept (channel, ring and transport lines repeat)
 _UNSET = object()
 
@@ -721,10 +862,19 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
                 break
             lines = chunk.split("\n")
             rest = lines.pop() if data else ""  # at the end of the file, a last line without a newline is a line
+            if data and len(lines) > _JOIN_MAX + 1:
+                # the block's last lines wait for the next block (a line wrapped there continues in it), from a line
+                # that cannot continue another, so that no join crosses the cut
+                k = len(lines) - 1
+                while k > len(lines) - _JOIN_MAX - 1 and not _starts_record(lines[k]):
+                    k -= 1
+                rest = "\n".join(lines[k:] + [rest])
+                del lines[k:]
             if not lines:
                 continue
             has_cr = "\r" in chunk
             del chunk
+            rejoin_wrapped(lines)
             lineno = n_lines
             n_lines += len(lines)
             for line in lines:

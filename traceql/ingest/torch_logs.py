@@ -25,27 +25,34 @@ SUPPORTED = True
 
 # A glog line from torch, with a compile id bracket or one of the artifacts we read; a launcher prefix may lead.
 _MARK = re.compile(
-    rb"(?m)^(?:\[rank\d+\]:)?(?:[VIWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ torch/[^\]]+\] "
-    rb"|\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\] (?:\[[!\d/]+\] )?torch\._dynamo\.[\w\.]+: \[[A-Z]+\] )"
+    rb"(?m)^(?:\[rank\d++\]:)?(?:[VIWE]\d{4} \d\d:\d\d:\d\d\.\d++ ++\d++ torch/[^\]\n]++\] "
+    rb"|\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d++\] (?:\[[!\d/]++\] )?torch\._dynamo\.[\w\.]++: \[[A-Z]++\] )"
     rb"(?:\[[!\d/]+\] )?(?:\[__recompiles|\[__graph_breaks|Recompiling function|Graph break|torch\._dynamo hit config"
     rb"|WON'T CONVERT)"
 )
 _LINE = re.compile(
-    r"^(?:\[rank(?P<rank>\d+)\]:)?(?P<lvl>[VIWE])(?P<md>\d{4}) (?P<t>\d\d:\d\d:\d\d\.\d+) +(?P<tid>\d+) "
-    r"(?P<loc>[^\]]+)\] (?:\[(?P<cid>!?[\d/]+)\] )?(?:\[(?P<art>__\w+)\] )?(?P<text>.*)$"
+    r"^(?:\[rank(?P<rank>\d++)\]:)?(?P<lvl>[VIWE])(?P<md>\d{4}) (?P<t>\d\d:\d\d:\d\d\.\d++) ++(?P<tid>\d++) "
+    r"(?P<loc>[^\]]++)\] (?:\[(?P<cid>!?[\d/]++)\] )?(?:\[(?P<art>__\w++)\] )?(?P<text>.*)$"
 )
 # torch <= 2.1 logging: `[2026-12-01 13:16:29,700] [0/0] torch._dynamo.symbolic_convert.__graph_breaks: [DEBUG] text`
 _LINE_OLD = re.compile(
-    r"^(?:\[rank(?P<rank>\d+)\]:)?\[(?P<md>\d{4}-\d\d-\d\d) (?P<t>\d\d:\d\d:\d\d,\d+)\] (?:\[(?P<cid>!?[\d/]+)\] )?"
-    r"(?P<loc>torch\.[\w\.]+?)(?:\.(?P<art>__\w+))?: \[(?P<lvl>[A-Z]+)\] (?P<text>.*)$"
+    r"^(?:\[rank(?P<rank>\d++)\]:)?\[(?P<md>\d{4}-\d\d-\d\d) (?P<t>\d\d:\d\d:\d\d,\d++)\] (?:\[(?P<cid>!?[\d/]++)\] )?"
+    r"(?P<loc>torch\.[\w\.]+?)(?:\.(?P<art>__\w++))?: \[(?P<lvl>[A-Z]++)\] (?P<text>.*)$"
 )
-_RECOMPILING = re.compile(r"Recompiling function (\S+) in (.+):(\d+)")
-_LIMIT = re.compile(r"torch\._dynamo hit config\.(\w+) \((\d+)\)")
-_FILE = re.compile(r'File "([^"]+)", line (\d+)')
-_FAILURE = re.compile(r"^\s*- (.+)$")
-_OLD_FAILURE = re.compile(r"triggered by the following guard failure: (.+?)[\"']\)\s*$", re.M)
-_IN_FN = re.compile(r'File "[^"]+", line \d+, in (<resume in \w+>|\w+)')
-_LIMIT_FN = re.compile(r"function: '([^']+)' \((.+):(\d+)\)")
+# Matched once, where the phrase first occurs (_recompiling): searched, "(.+):" would be retried from every
+# occurrence of the phrase, quadratic on a line that repeats it (issue 16).
+_RECOMPILING = re.compile(r"(\S++) in (.+):(\d++)")
+_LIMIT = re.compile(r"torch\._dynamo hit config\.(\w++) \((\d++)\)")
+_FILE = re.compile(r'File "([^"]++)", line (\d++)')
+_FAILURE = re.compile(r"^\s*+- (.+)$")
+_OLD_FAILURE = re.compile(r"triggered by the following guard failure: (.+?)[\"']\)\s*+$", re.M)
+_IN_FN = re.compile(r'File "[^"]++", line \d++, in (<resume in \w++>|\w++)')
+_LIMIT_FN = re.compile(r"function: '([^']++)' \((.+):(\d++)\)")
+
+
+def _recompiling(text: str) -> re.Match | None:
+    i = text.find("Recompiling function ")
+    return _RECOMPILING.match(text, i + 21) if i >= 0 else None
 
 
 def _stand_in_frame(row: dict, frames: dict, count: bool = True) -> None:
@@ -115,7 +122,7 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
         base = {"rank": r, "compile_id": meta["cid"], "frame_id": f_id, "attempt": c_id}
         det = {"line": meta["line"], "logged_at": meta["time"]}
         art = meta["art"] or ""
-        m = _RECOMPILING.search(text)
+        m = _recompiling(text)
         if art.startswith("__recompiles") and m:
             # __recompiles and __recompiles_verbose report the same recompile; torch < 2.4 logs no compile id
             key = (r, meta["cid"]) if meta["cid"] else (r, meta["time"], m.group(1))

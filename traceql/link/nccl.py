@@ -51,9 +51,9 @@ def _comms(run: Run) -> pl.DataFrame:
 
 def nccl_comm_checks(run: Run) -> pl.DataFrame:
     c = _comms(run)
+    # Every column is built on zero rows too (a log of one "NCCL version" line has only a process row): a rule reading
+    # a column must find it whatever the log held (issue 16).
     c = c.filter(pl.col("d").struct.field("process_only").is_null() | ~pl.col("d").struct.field("process_only"))
-    if c.height == 0:
-        return pl.DataFrame(schema={"rank": pl.Int32, "comm_id": pl.Utf8})
     d = pl.col("d")
     # Hosts and node count per communicator: nNodes where NCCL printed it, else distinct hosts seen for the comm id.
     hosts = c.group_by("comm_id").agg(pl.col("host").n_unique().alias("n_hosts"), pl.col("nnodes").max().alias("nn"))
@@ -173,8 +173,9 @@ def nccl_config_diff(run: Run) -> pl.DataFrame:
 def nccl_init(run: Run) -> pl.DataFrame:
     c = _comms(run).filter(pl.col("init_ms").is_not_null())
     if c.height == 0:
-        return pl.DataFrame(schema={"rank": pl.Int32, "comm_id": pl.Utf8, "init_ms": pl.Float64,
-                                    "dominant": pl.Utf8, "dominant_ms": pl.Float64})
+        return pl.DataFrame(schema={"rank": pl.Int32, "comm_id": pl.Utf8, "host": pl.Utf8, "nranks": pl.Int32,
+                                    "version": pl.Utf8, "init_ms": pl.Float64, "dominant": pl.Utf8,
+                                    "dominant_ms": pl.Float64})
     parts = [f.name for f in _TIMING.fields]
     t = pl.col("d").struct.field("timing")
     vals = [t.struct.field(p).fill_null(-1.0) for p in parts]
@@ -242,19 +243,58 @@ def nccl_errors(run: Run) -> pl.DataFrame:
         first = stamped.sort("ts", "rank", "line").row(0, named=True)
     elif cand["rank"].drop_nulls().n_unique() == 1:
         first = cand.sort("line").row(0, named=True)
-    key = (first["rank"], first["source"], first["line"]) if first else (None, None, None)
-    return err.with_columns(
-        ((pl.col("rank") == key[0]) & (pl.col("source") == key[1]) & (pl.col("line") == key[2])).fill_null(False)
-        .alias("root_cause")
-    ).sort("rank", "line")
+    if first is None or first["rank"] is None:  # no candidate (or one without a rank): nothing is named the cause
+        is_root = pl.lit(False)
+    else:
+        is_root = ((pl.col("rank") == first["rank"]) & (pl.col("source") == first["source"])
+                   & (pl.col("line") == first["line"])).fill_null(False)
+    return err.with_columns(is_root.alias("root_cause")).sort("rank", "line")
+
+
+def _world_size(run: Run) -> tuple[int | None, str | None]:
+    """The job's world size as the run itself states it, and where from: ProcessGroupNCCL's "initialization options:
+    size: N" of the default group, NCCL's own "nranks N", a traced collective's group size. Never the highest rank
+    seen: an excerpt of two ranks' lines says nothing about how many ranks the job had."""
+    cands: list[tuple[int, str]] = []
+    ev = run.table("nccl_events")
+    opts = ev.filter((pl.col("kind") == "pg_env")
+                     & (pl.col("detail").str.json_path_match("$.what") == "ProcessGroupNCCL initialization options"))
+    if opts.height:
+        opts = opts.with_columns(
+            pl.col("detail").str.json_path_match("$.env.size").cast(pl.Int64, strict=False).alias("_size"),
+            pl.coalesce(pl.col("detail").str.json_path_match("$.env['PG Name']"), pl.col("pg_name")).alias("_pg"))
+        n = opts.filter(pl.col("_pg").is_null() | (pl.col("_pg") == "0"))["_size"].max()
+        if n is not None:
+            cands.append((int(n), "ProcessGroupNCCL size"))
+    n = run.table("nccl_comms")["nranks"].max()
+    if n is not None:
+        cands.append((int(n), "NCCL nranks"))
+    c = run.table("collectives")["group_size"].max()
+    if c is not None:
+        cands.append((int(c), "collective group size"))
+    if not cands:
+        return None, None
+    return max(cands)
 
 
 def _expected_ranks(run: Run) -> int | None:
-    n = run.table("nccl_comms")["nranks"].max()
-    c = run.table("collectives")["group_size"].max()
-    ranks = run.ranks
-    cands = [x for x in (n, c, (max(ranks) + 1) if ranks else None) if x is not None]
-    return int(max(cands)) if cands else None
+    return _world_size(run)[0]
+
+
+def _desync_reports(ev: pl.DataFrame) -> pl.DataFrame:
+    """TORCH_NCCL_DESYNC_DEBUG report lines: the ranks PyTorch itself names, with what it says of them."""
+    rep = ev.filter(pl.col("kind") == "desync_report")
+    if rep.height == 0:
+        return pl.DataFrame(schema={"what": pl.Utf8, "ranks": pl.List(pl.Int32), "seq": pl.Int64, "text": pl.Utf8})
+    d = pl.col("detail")
+    out = []
+    for key, what in (("missing_ranks", "never joined any collective"), ("stuck_ranks", "joined but did not finish"),
+                      ("lagging_ranks", "finished but did not join the next")):
+        out.append(rep.select(pl.lit(what).alias("what"),
+                              d.str.json_path_match(f"$.{key}").str.json_decode(pl.List(pl.Int32)).alias("ranks"),
+                              d.str.json_path_match("$.seq").cast(pl.Int64, strict=False).alias("seq"),
+                              pl.col("text")).filter(pl.col("ranks").list.len() > 0))
+    return pl.concat(out).unique(["what", "ranks", "seq"], keep="first", maintain_order=True)
 
 
 def nccl_timeouts(run: Run) -> pl.DataFrame:
@@ -279,6 +319,20 @@ def nccl_timeouts(run: Run) -> pl.DataFrame:
             pl.col("ranks").first().cast(pl.List(pl.Utf8)).list.join(",").alias("majority_ranks"),
             pl.len().alias("n_variants"), pl.col("k").sum().alias("n_reporting"))
         first = first.join(major, on="pg_name")
+        n_exp, n_origin = _world_size(run)
+        # One rank's timeout alone cannot tell a hang from a desync or a dead peer: it is "timeout" (TQL517), which
+        # says what is missing, unless the world is that one rank.
+        one = (pl.col("n_reporting") < 2) & pl.lit(n_exp != 1)
+        lone = (first.filter((pl.col("n_variants") == 1) & one)
+                .select("pg_name", pl.concat_list("rank").alias("rank"), "seq", "op", "majority_seq", "majority_op",
+                        "majority_ranks", "n_reporting")
+                .with_columns(pl.lit("timeout").alias("kind"),
+                              pl.lit("only this rank's log reports it" + (
+                                  f"; the job has {n_exp} ranks ({n_origin})" if n_exp else
+                                  "; the log states no world size (no NCCL 'nranks', no ProcessGroupNCCL 'size')"))
+                              .alias("detail")))
+        first = first.filter(~((pl.col("n_variants") == 1) & one))
+        rows.append(lone)
         hang = (first.filter(pl.col("n_variants") == 1).group_by("pg_name")
                 .agg(pl.col("rank").sort(), pl.col("seq").first(), pl.col("op").first(), pl.col("majority_seq").first(),
                      pl.col("majority_op").first(), pl.col("majority_ranks").first(), pl.col("n_reporting").first())
@@ -287,15 +341,28 @@ def nccl_timeouts(run: Run) -> pl.DataFrame:
                .with_columns(pl.concat_list("rank").alias("rank"), pl.lit("desync").alias("kind"))
                .select("pg_name", "rank", "seq", "op", "majority_seq", "majority_op", "majority_ranks", "n_reporting", "kind"))
         rows += [hang, odd]
-        # Dead ranks: expected members of the default group that never report a timeout while others do.
-        n_exp = _expected_ranks(run)
-        reporting = set(first.filter(pl.col("pg_name") == "0")["rank"].to_list()) or set(first["rank"].to_list())
-        if n_exp:
-            missing = sorted(set(range(n_exp)) - reporting)
-            if missing:
-                rows.append(pl.DataFrame({"kind": ["dead_rank"], "pg_name": ["0"], "rank": [missing],
-                                          "n_reporting": [len(reporting)]}))
+        # Dead ranks: members of the default group (of the world size the log states) that never report a timeout
+        # while others do, and the ranks PyTorch's desync report says never joined.
+        wd_all = ev.filter((pl.col("kind") == "watchdog_timeout") & pl.col("rank").is_not_null())
+        all_first = wd_all.with_columns(pl.col("pg_name").fill_null("0"))
+        reporting = (set(all_first.filter(pl.col("pg_name") == "0")["rank"].to_list())
+                     or set(all_first["rank"].to_list()))
+        missing = set(range(n_exp)) - reporting if n_exp else set()
+        reported = _desync_reports(ev)
+        named = {r for rs in reported.filter(pl.col("what") == "never joined any collective")["ranks"].to_list()
+                 for r in rs} - reporting
+        if missing or named:
+            origin = ", ".join(x for x, on in ((f"world size {n_exp} ({n_origin})", missing),
+                                               ("PyTorch's desync report", named)) if on)
+            rows.append(pl.DataFrame({"kind": ["dead_rank"], "pg_name": ["0"], "rank": [sorted(missing | named)],
+                                      "n_reporting": [len(reporting)], "detail": [origin]}))
         rows = [r.with_columns(pl.lit(n_exp, dtype=pl.Int64).alias("n_expected")) for r in rows]
+    rep = _desync_reports(ev).filter(pl.col("what") != "never joined any collective")
+    if rep.height:  # PyTorch's own word on who is out of step (TQL518)
+        rows.append(rep.select(pl.lit("desync_report").alias("kind"), pl.lit("0").alias("pg_name"),
+                               pl.col("ranks").alias("rank"), "seq",
+                               (pl.col("what") + pl.lit(" collective #") + pl.col("seq").cast(pl.Utf8).fill_null("?"))
+                               .alias("detail")))
     hb = ev.filter(pl.col("kind") == "heartbeat_timeout")
     if hb.height:
         rows.append(hb.group_by("rank").agg(pl.col("detail").str.json_path_match("$.stuck_s").drop_nulls().first().alias("detail"),
