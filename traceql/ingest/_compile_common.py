@@ -8,10 +8,13 @@ import re
 import orjson
 
 MAX_VALUE = 240  # characters of a reason or component value kept for messages
-_GB_AT = re.compile(r"Graph break in user code at (.+):(\d+)")
+# Matched at the phrase's first occurrence only (graph_break): searched, "(.+):" is retried from every occurrence of
+# the phrase, quadratic on a long line that repeats it (issue 16).
+_GB_AT_PHRASE = "Graph break in user code at "
+_GB_AT = re.compile(r"([^\n]+):(\d++)")
 _GB_OLD = re.compile(r"Graph break: (.*?)\s*from user code at:")
 _GB_FILE = re.compile(r'File "([^"]+)", line (\d+)')
-_GB_UNSUPPORTED = re.compile(r"^\s*torch\._dynamo\.exc\.Unsupported: (.+)$", re.M)
+_GB_UNSUPPORTED = re.compile(r"^[ \t]*+torch\._dynamo\.exc\.Unsupported: (.+)$", re.M)
 
 _ASSIGN = re.compile(r"^\s+([A-Za-z_]\w*)(?:: \"[^\"]*\")? = (.+)$")
 _CALL = re.compile(r"^([A-Za-z_][\w\.]*)\((.*)\)$", re.S)
@@ -98,7 +101,8 @@ def json_or_lines(text: str) -> list[str]:
 def graph_break(text: str) -> dict:
     """The reason (its headline), the user frame (file:line) and the docs link of a graph break report."""
     user_frame = None
-    m = _GB_AT.search(text)
+    at = text.find(_GB_AT_PHRASE)
+    m = _GB_AT.match(text, at + len(_GB_AT_PHRASE)) if at >= 0 else None
     if m:
         user_frame = f"{m.group(1)}:{m.group(2)}"
     lines = text.split("\n")
@@ -125,10 +129,10 @@ def graph_break(text: str) -> dict:
     gb = re.search(r"/gb/(gb\d+)\.html", text)
     if gb:
         detail["gb_id"] = gb.group(1)
-    expl = re.search(r"^\s*Explanation: (.+)$", text, re.M)
+    expl = re.search(r"^[ \t]*+Explanation: (.+)$", text, re.M)
     if expl:
         detail["explanation"] = expl.group(1)[:MAX_VALUE]
-    hint = re.search(r"^\s*Hint: (.+)$", text, re.M)
+    hint = re.search(r"^[ \t]*+Hint: (.+)$", text, re.M)
     if hint:
         detail["hint"] = hint.group(1)[:MAX_VALUE]
     return {"reason": reason, "user_frame": user_frame, "detail": detail}

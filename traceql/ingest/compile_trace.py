@@ -73,7 +73,8 @@ _NEED_PAYLOAD_ARTIFACTS = {"dynamo_graph_break_reason", "recompile_reasons", "in
 _NEED_PAYLOAD_KINDS = {"dynamo_output_graph", "inductor_post_grad_graph", "optimize_ddp_split_child"}
 
 _COMPONENT = re.compile(r"^\[(\w+)\] ([^:]+?): ?(.*)$", re.S)
-_LIMIT = re.compile(r"(?:recompile_limit|cache_size_limit|cache size limit)[^\n]*?(?:currently set to |\()(\d+)")
+# The gap is bounded: unbounded, it is rescanned from every mention of the limit, quadratic on a long reason (issue 16).
+_LIMIT = re.compile(r"(?:recompile_limit|cache_size_limit|cache size limit)[^\n]{0,200}?(?:currently set to |\()(\d++)")
 
 
 def sniff(path: Path, head: bytes) -> bool:
