@@ -132,9 +132,20 @@ def test_memory_budget_stops_the_reader_and_the_others_go_on(mixed, mb, capfd):
         assert s.status == "ok" and t["collectives"].height > 0
 
 
+def _widened(path: Path, times: int) -> None:
+    """The demo trace with its events repeated: a read that lasts long enough for the 50 ms memory watch to see it
+    on a loaded machine (the demo's own 1.2 MB read can finish between two looks)."""
+    import orjson
+
+    doc = orjson.loads(gzip.decompress(path.read_bytes()))
+    doc["traceEvents"] = doc["traceEvents"] * times
+    path.write_bytes(gzip.compress(orjson.dumps(doc), compresslevel=1))
+
+
 def test_resident_memory_watch_stops_the_reader_and_the_others_go_on(mixed, monkeypatch):
     """TRACEQL_SOURCE_MAX_MB=8: the parent sees the trace's reader grow past 8 MB of resident memory and kills it;
     the Flight Recorder dumps need less and are read."""
+    _widened(mixed / "rank0.pt.trace.json.gz", 20)
     monkeypatch.setenv("TRACEQL_SOURCE_MAX_MB", "8")
     # a fresh pool: a warm worker that read this trace before holds freed memory that it reuses without growing
     monkeypatch.setattr(budget, "_POOL", budget.Pool())

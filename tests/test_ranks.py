@@ -18,7 +18,7 @@ from traceql.pipeline import load_run
 HTA = ("hta", "tests", "data")
 NO_DIST_INFO = (*HTA, "distributed_info_unavailable", "distributed_info_not_found.json.gz")
 AMD = (*HTA, "amd_trace", "mi250_minitoy_train_ROCm6_2_kineto.json.gz")
-CPU = FIXTURES / "cpu-ddp-eager"  # gloo on CPU, 2 ranks, distributedInfo in each trace
+CPU = FIXTURES / "cpu-straggler"  # gloo on CPU, 2 ranks, distributedInfo in each trace; rank 1 really straggles
 
 
 def check(*args):
