@@ -212,3 +212,20 @@ def test_error_lines_on_stderr_are_escaped(tmp_path):
     assert res.exit_code == 2
     assert "\x1b" not in res.stderr and "\x07" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and "\\x1b]0;t\\x07\\n.toml" in res.stderr
+
+
+def test_a_link_not_followed_is_named_without_verbose(tmp_path):
+    # a trace linked into the run dir from outside is not read: the report must say so, not fold it into "other files"
+    from traceql.cli import main as _main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    demo = Path(__file__).resolve().parents[1] / "samples" / "demo"
+    shutil.copy(demo / "rank0.pt.trace.json.gz", run / "rank0.pt.trace.json.gz")
+    shutil.copy(demo / "rank1.pt.trace.json.gz", outside / "rank1.pt.trace.json.gz")
+    (run / "rank1.pt.trace.json.gz").symlink_to(outside / "rank1.pt.trace.json.gz")
+    res = CliRunner().invoke(_main, ["check", str(run), "-q", "--no-cache", "--select", "TQL1"])
+    lines = [ln for ln in res.output.splitlines() if "rank1.pt.trace.json.gz" in ln]
+    assert len(lines) == 1 and "skipped" in lines[0] and "outside the run dir" in lines[0], res.output

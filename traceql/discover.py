@@ -166,12 +166,12 @@ def discover(run_path: Path) -> list[Source]:
                 if p.is_symlink():
                     if real is None:
                         why = "a symbolic link that loops" if p.exists() or _is_loop(p) else "a broken symbolic link"
-                        sources.append(Source(p, "unknown", status="skipped", detail=f"{why}: not followed"))
+                        sources.append(Source(p, "unknown", status="skipped", detail=f"{why}: not followed", meta={"not_followed": True}))
                         continue
                     if not _inside(real, root):
                         sources.append(Source(p, "unknown", status="skipped", detail=(
                             f"symbolic link to {real}, outside the run dir: not followed (a run dir is untrusted; "
-                            "copy the file into it to analyse it)")))
+                            "copy the file into it to analyse it)"), meta={"not_followed": True}))
                         continue
                     if real not in seen:
                         links.append(p)
