@@ -4,6 +4,7 @@ progress bar's manners (stderr only, never in piped machine output)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import orjson
 import pytest
@@ -158,3 +159,18 @@ def test_piped_json_asks_for_no_progress_bar(run_dir, monkeypatch):
     assert asked == []
     CliRunner().invoke(main, args)  # text for a person: the bar is asked for (and shows only on a terminal)
     assert asked
+
+
+def test_a_deeply_nested_or_huge_config_is_a_usage_error(tmp_path):
+    from click.testing import CliRunner
+
+    from traceql.cli import main
+
+    deep = tmp_path / "deep.toml"
+    deep.write_text("a = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    huge = tmp_path / "huge.toml"
+    huge.write_text("# padding\n" * 200_000)
+    demo = str(Path(__file__).resolve().parents[1] / "samples" / "demo")
+    for cfg, words in ((deep, "nested too deeply"), (huge, "too large")):
+        res = CliRunner().invoke(main, ["check", demo, "--config", str(cfg), "-q"])
+        assert res.exit_code == 2 and words in res.output and str(cfg) in res.output, res.output

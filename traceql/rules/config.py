@@ -61,13 +61,22 @@ def run_config(run_dir: Path) -> Path | None:
 _KEYS = ("select", "ignore", "fail-on", "fail_on", "suppress", "rules")
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a real configuration is a few hundred bytes
+
+
 def load_config(path: Path | None) -> Config:
     if path is None:
         return Config()
     try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: {path.stat().st_size} bytes is too large for a configuration file "
+                              f"(at most {MAX_CONFIG_BYTES}); is it the right file?")
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"{path}: cannot read configuration: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: cannot read configuration: nested too deeply; a traceql configuration is a few "
+                          "flat tables") from None
     where = ""
     if path.name == "pyproject.toml":
         data = data.get("tool", {}).get("traceql", {})
