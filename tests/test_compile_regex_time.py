@@ -14,7 +14,7 @@ from traceql.ingest import _compile_common as cc
 from traceql.ingest import compile_trace as ct
 
 
-def _best(fn, arg, n=3) -> float:
+def _best(fn, arg, n=5) -> float:
     best = float("inf")
     for _ in range(n):
         t = time.perf_counter()
@@ -37,4 +37,5 @@ def test_pattern_grows_linearly(name):
     small, large = _best(fn, make(1_000)), _best(fn, make(16_000))
     # 16x the input: linear takes ~16x, quadratic ~256x. Tiny absolute times are noise, not growth.
     assert large < 1.0, f"{name}: {large:.3f} s on {len(make(16_000))} characters"
-    assert large < 0.02 or large / max(small, 1e-6) < 60, f"{name}: {small:.5f} s -> {large:.5f} s for 16x the input"
+    # On a loaded 2-core box a few ms move by 10x; below 0.1 s nothing blew up (the old patterns took seconds here).
+    assert large < 0.1 or large / max(small, 1e-6) < 100, f"{name}: {small:.5f} s -> {large:.5f} s for 16x the input"

@@ -131,6 +131,12 @@ CASES = {
     "T._LIMIT": (_search(T._LIMIT), "", "torch._dynamo hit config.", "x"),
     "T._FILE": (_search(T._FILE), "", 'File "', ""),
     "T._FAILURE": (_search(T._FAILURE), "", "     ", "x"),
+    "T._LINE_OLD": (_search(T._LINE_OLD), "[2024-01-01 00:00:00,1] torch.", "a.__b", "x"),
+    "T._LINE_OLD/dots": (_search(T._LINE_OLD), "[2024-01-01 00:00:00,1] [0/0] torch.", "a.", ": [x"),
+    "T._OLD_FAILURE": (lambda s: T._first(T._OLD_FAILURE, "triggered by the following guard failure: ", s), "",
+                       "triggered by the following guard failure: '", "x"),
+    "T._IN_FN": (_search(T._IN_FN), "", 'File "a", line 1, in ', "x"),
+    "T._LIMIT_FN": (lambda s: T._first(T._LIMIT_FN, "function: '", s), "", "function: 'f' (a:", "x"),
 }
 # Per-line extras of the whole classifier, which runs many of the patterns above in a row.
 CASES["parse_line/ring"] = (N.parse_line, "node01:1234:5678 [0] NCCL INFO Channel 00/02 :", " 10", " x")

@@ -360,7 +360,9 @@ class _Worker:
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
         # the same traceql (and everything else) as this process, wherever it was imported from
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        # (first the folder this traceql was imported from: sys.path's '' stands for a cwd the worker may not share)
+        here = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join([here, *(p for p in sys.path if p and os.path.isdir(p) and p != here)])
         if threads is not None:
             env.setdefault("POLARS_MAX_THREADS", threads)
         self.proc = subprocess.Popen(

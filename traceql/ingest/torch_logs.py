@@ -45,9 +45,16 @@ _RECOMPILING = re.compile(r"(\S++) in (.+):(\d++)")
 _LIMIT = re.compile(r"torch\._dynamo hit config\.(\w++) \((\d++)\)")
 _FILE = re.compile(r'File "([^"]++)", line (\d++)')
 _FAILURE = re.compile(r"^\s*+- (.+)$")
-_OLD_FAILURE = re.compile(r"triggered by the following guard failure: (.+?)[\"']\)\s*+$", re.M)
+# Both matched at their phrase's first occurrence (_first): searched, the lazy or greedy run to the end of the line is
+# retried from every occurrence of the phrase, quadratic on a line that repeats it (issue 16).
+_OLD_FAILURE = re.compile(r"(.+?)[\"']\)[ \t]*+$", re.M)
 _IN_FN = re.compile(r'File "[^"]++", line \d++, in (<resume in \w++>|\w++)')
-_LIMIT_FN = re.compile(r"function: '([^']++)' \((.+):(\d++)\)")
+_LIMIT_FN = re.compile(r"([^']++)' \((.+):(\d++)\)")
+
+
+def _first(pattern: re.Pattern, phrase: str, text: str) -> re.Match | None:
+    i = text.find(phrase)
+    return pattern.match(text, i + len(phrase)) if i >= 0 else None
 
 
 def _recompiling(text: str) -> re.Match | None:
@@ -130,7 +137,7 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
                 continue
             seen_recompile.add(key)
             failures = [fm.group(1).strip() for ln in lines if (fm := _FAILURE.match(ln))]
-            if not failures and (om := _OLD_FAILURE.search(text)):  # torch 2.1 logs a tuple's repr on one line
+            if not failures and (om := _first(_OLD_FAILURE, "triggered by the following guard failure: ", text)):  # torch 2.1 logs a tuple's repr on one line
                 failures = [om.group(1)]
             row = {**base, "kind": "recompile", "function": m.group(1), "filename": m.group(2),
                    "line": int(m.group(3)), "reason": "\n".join(failures) or None,
@@ -165,7 +172,7 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
         elif (lm := _LIMIT.search(text)) is not None:
             row = {**base, "kind": "cache_limit", "reason": text.split("\n", 1)[0],
                    "detail": {**det, "limit": int(lm.group(2)), "config": lm.group(1)}}
-            fm = _LIMIT_FN.search(text)
+            fm = _first(_LIMIT_FN, "function: '", text)
             if fm:
                 row.update(function=fm.group(1), filename=fm.group(2), line=int(fm.group(3)))
                 if base["frame_id"] is None:
