@@ -25,10 +25,12 @@ GB, MB = 1 << 30, 1 << 20
 
 @pytest.fixture
 def mixed(tmp_path) -> Path:
-    """A Kineto trace (1.2 MB of JSON) beside three small Flight Recorder dumps."""
+    """A Kineto trace (the demo's rank 0, its events repeated to 24 MB of JSON) beside three small Flight Recorder
+    dumps."""
     d = tmp_path / "run"
     d.mkdir()
     shutil.copy(DEMO / "rank0.pt.trace.json.gz", d)
+    _widened(d / "rank0.pt.trace.json.gz", 20)
     for p in FR_OK.glob("nccl_trace_rank_*"):
         shutil.copy(p, d)
     return d
@@ -145,7 +147,6 @@ def _widened(path: Path, times: int) -> None:
 def test_resident_memory_watch_stops_the_reader_and_the_others_go_on(mixed, monkeypatch):
     """TRACEQL_SOURCE_MAX_MB=8: the parent sees the trace's reader grow past 8 MB of resident memory and kills it;
     the Flight Recorder dumps need less and are read."""
-    _widened(mixed / "rank0.pt.trace.json.gz", 20)
     monkeypatch.setenv("TRACEQL_SOURCE_MAX_MB", "8")
     # a fresh pool: a warm worker that read this trace before holds freed memory that it reuses without growing
     monkeypatch.setattr(budget, "_POOL", budget.Pool())
