@@ -84,7 +84,7 @@ def test_gap_names_and_host_context_after_the_condition_change_nothing():
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 1), st.integers(0, 40), st.integers(0, 10)), min_size=1, max_size=25))
 def test_segments_merge_touching_intervals_and_name_their_ends(rows):
-    from traceql.rules.measures import segments
+    from traceql.intervals import segments
 
     df = pl.DataFrame([(r, ts, ts + d, f"k{i}") for i, (r, ts, d) in enumerate(rows)],
                       schema={"rank": pl.Int32, "ts": pl.Int64, "end": pl.Int64, "name": pl.Utf8}, orient="row")
@@ -110,7 +110,7 @@ def test_segments_merge_touching_intervals_and_name_their_ends(rows):
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 60), st.integers(0, 15)), max_size=30))
 def test_union_is_the_sweeps_selected_time(rows):
-    from traceql.rules.measures import coverage, union
+    from traceql.intervals import coverage, union
 
     df = pl.DataFrame([(r, s, ts, ts + d) for r, s, ts, d in rows],
                       schema={"rank": pl.Int32, "step": pl.Int64, "ts": pl.Int64, "end": pl.Int64}, orient="row")

@@ -6,7 +6,7 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from traceql.rules import measures
+from traceql import intervals as measures
 
 intervals = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 40)), max_size=25)
 

@@ -161,7 +161,7 @@ def _code_digest() -> str:
     if _CODE is None:
         root = Path(__file__).resolve().parents[1]
         h = hashlib.blake2b(digest_size=12)
-        for p in sorted([*(root / "link").glob("*.py"), root / "rules" / "measures.py", root / "model" / "tables.py"]):
+        for p in sorted([*(root / "link").glob("*.py"), root / "intervals.py", root / "model" / "tables.py"]):
             h.update(p.name.encode())
             h.update(p.read_bytes())
         _CODE = h.hexdigest()

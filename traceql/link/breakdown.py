@@ -16,7 +16,7 @@ from __future__ import annotations
 import polars as pl
 
 from traceql.model import Run
-from traceql.rules import measures
+from traceql import intervals as measures
 
 _PER = ["rank", "step"]
 

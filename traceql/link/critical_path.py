@@ -285,7 +285,7 @@ def launch_bound(run: Run) -> pl.DataFrame:
         (pl.col("_lgap").sum() / 1e6).alias("launch_gap_ms"),
         (pl.col("_lgap") > 0).sum().cast(pl.Int64).alias("launch_gaps"),
     )
-    from traceql.rules import measures
+    from traceql import intervals as measures
 
     busy = measures.union(k.select("rank", "step", "ts", "end", "dur"), per).select(*per, pl.col("union_ms").alias("busy_ms"))
     from traceql.link import ensure

@@ -34,7 +34,7 @@ def _comm_coverage(run: Run, ranks_with_steps: set) -> pl.DataFrame:
     """Per rank and step: activity comm against compute, as TQL101's exposed measure computes it (per rank, step,
     side and source); where a rank has two sources (two clocks), the one with the most communication is kept."""
     from traceql.link import ensure
-    from traceql.rules import measures
+    from traceql import intervals as measures
 
     a = ensure(run, "activity")
     cols = {"rank": pl.Int32, "step": pl.Int64, "side": pl.Utf8, "comm_ms": pl.Float64, "compute_ms": pl.Float64,

@@ -26,7 +26,7 @@ def _hta_overlap(run: Run) -> dict[int, float | None]:
     rounds their float-microsecond times inward to whole microseconds; and divides
     |union(comm) & union(compute)| by |union(comm)|.
     """
-    from traceql.rules.measures import coverage
+    from traceql.intervals import coverage
 
     us = 1000
     out: dict[int, float | None] = {}

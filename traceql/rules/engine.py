@@ -13,7 +13,8 @@ from traceql import link
 from traceql.link.context import host_context
 from traceql.model import Finding, Run
 from traceql.model.ranks import format_ranks
-from traceql.rules import measures, sql_guard
+from traceql import intervals as measures
+from traceql.rules import sql_guard
 from traceql.rules.condition import ConditionError, compile_condition
 from traceql.rules.loader import Rule
 

@@ -1,4 +1,7 @@
-"""Built-in measures of the rule vocabulary. Interval work is done here, once, by sort-and-sweep.
+"""Interval algebra over tables (coverage, union, gaps, segments) and the built-in measures of the rule vocabulary.
+
+Interval work is done here, once, by sort-and-sweep. link/ (derived tables), rules/ (measures) and report/ (summary)
+all use it, so it sits beside the flow's packages rather than inside one of them.
 
 Every function takes frames already filtered by the rule's selection and returns one frame of output columns
 (documented in rules/README.md). Times stay int64 ns inside; output durations are float milliseconds (`*_ms`).
