@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+from pathlib import Path
 
 import orjson
 import polars as pl
@@ -86,3 +87,28 @@ def test_cli(run):
     assert orjson.loads(res.stdout) == [{"n": run.table("steps").height}]
     res = CliRunner().invoke(main, ["query", str(run.path), "SELECT x FROM nowhere", "-q"])
     assert res.exit_code == 2 and "valid tables:" in res.output
+
+
+def test_query_and_diff_text_show_control_characters_as_escapes(tmp_path):
+    # a kernel name carrying OSC 52 (clipboard), a screen clear and a forged line must not reach the terminal raw
+    import gzip
+    import shutil
+
+    from click.testing import CliRunner
+
+    from traceql.cli import main
+
+    demo = Path(__file__).resolve().parents[1] / "samples" / "demo"
+    run = tmp_path / "evil"
+    run.mkdir()
+    shutil.copy(demo / "rank0.pt.trace.json.gz", run / "rank0.pt.trace.json.gz")
+    doc = orjson.loads(gzip.decompress((run / "rank0.pt.trace.json.gz").read_bytes()))
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel":
+            e["name"] = "gemm\x1b]52;c;cHduZWQ=\x07\x1b[2J\nerror TQL999 forged"
+    (run / "rank0.pt.trace.json.gz").write_bytes(gzip.compress(orjson.dumps(doc)))
+    res = CliRunner().invoke(main, ["query", str(run), "select distinct name from kernels", "--no-cache"])
+    assert res.exit_code == 0, res.output
+    assert "\\x1b]52" in res.output and "\x1b" not in res.output and "\x07" not in res.output
+    d = CliRunner().invoke(main, ["diff", str(demo), str(run), "--no-cache", "-q"])
+    assert "\x1b" not in d.output and "\nerror TQL999" not in d.output

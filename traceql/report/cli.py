@@ -12,7 +12,9 @@ EXIT_OK, EXIT_USAGE = 0, 2
 
 
 def _fail(msg: str) -> None:
-    click.echo(f"traceql: {msg}", err=True)
+    from traceql.model.text_safety import visible
+
+    click.echo(f"traceql: {visible(msg)}", err=True)
     sys.exit(EXIT_USAGE)
 
 

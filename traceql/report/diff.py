@@ -14,6 +14,7 @@ import polars as pl
 
 from traceql.report.result import CheckResult
 from traceql.report.summary import summarize
+from traceql.model.text_safety import visible
 
 # Per-step medians from `traceql summary` (link.metrics.step_metrics, the table the rules read): two runs rarely
 # profile the same number of steps, so totals would not compare.
@@ -151,8 +152,8 @@ def render_text(d: dict, width: int = 140) -> str:
 
     buf = io.StringIO()
     con = Console(file=buf, width=width, no_color=True, highlight=False, soft_wrap=True)
-    con.print(f"traceql diff\n  A: {escape(d['a']['path'])} ({len(d['a']['ranks'])} rank(s), {d['a']['findings']} finding(s))")
-    con.print(f"  B: {escape(d['b']['path'])} ({len(d['b']['ranks'])} rank(s), {d['b']['findings']} finding(s))")
+    con.print(f"traceql diff\n  A: {escape(visible(d['a']['path']))} ({len(d['a']['ranks'])} rank(s), {d['a']['findings']} finding(s))")
+    con.print(f"  B: {escape(visible(d['b']['path']))} ({len(d['b']['ranks'])} rank(s), {d['b']['findings']} finding(s))")
     t = Table("rank", "metric", "A", "B", "delta", "%", box=None, pad_edge=False)
     for r, row in d["ranks"].items():
         first = True
@@ -167,12 +168,12 @@ def render_text(d: dict, width: int = 140) -> str:
     if d["hints"]:
         con.print("\nwhat changed:")
         for h in d["hints"]:
-            con.print(f"  - {escape(h)}")
+            con.print(f"  - {escape(visible(h))}")
     for kind in ("new", "resolved"):
         fs = d["findings"][kind]
         con.print(f"\n{kind} findings ({len(fs)}):")
         for f in fs[:50]:
-            con.print(f"  {f['severity']:8} {f['rule']} {escape(f['message'])}")
+            con.print(f"  {f['severity']:8} {f['rule']} {escape(visible(f['message']))}")
         if len(fs) > 50:
             con.print(f"  ... {len(fs) - 50} more (use --format json)")
     con.print(f"\npersisting findings: {len(d['findings']['persisting'])}")

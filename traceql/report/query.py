@@ -10,6 +10,7 @@ import polars as pl
 from traceql import link
 from traceql.model import SCHEMAS, Run
 from traceql.rules import sql_guard
+from traceql.model.text_safety import visible
 
 
 class QueryError(ValueError):
@@ -77,6 +78,9 @@ def render(df: pl.DataFrame, fmt: str, max_rows: int = 200) -> str:
         return orjson.dumps(df.to_dicts(), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n"
     if fmt == "csv":
         return _plain(df).write_csv()
+    # text cells come from the inputs: control characters shown as escapes, so a kernel name cannot drive the terminal
+    df = df.with_columns(pl.col(c).map_elements(visible, return_dtype=pl.Utf8)
+                         for c, t in _plain(df).schema.items() if t == pl.Utf8)
     with pl.Config(tbl_rows=min(df.height, max_rows), tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=240, tbl_hide_dataframe_shape=True):
         text = str(_plain(df))
     more = f"\n({df.height} rows; first {max_rows} shown; --format csv for all)" if df.height > max_rows else f"\n({df.height} rows)"
