@@ -187,8 +187,9 @@ def _records(path: Path, stats: dict):
                 env["_line"] = lineno
                 glog = m.groups()[1:7]
                 if kind == "artifact":
-                    name = (env.get("artifact") or {}).get("name", "")
-                    keep = name in _NEED_PAYLOAD_ARTIFACTS
+                    art = env.get("artifact")
+                    name = art.get("name", "") if isinstance(art, dict) else ""
+                    keep = isinstance(name, str) and name in _NEED_PAYLOAD_ARTIFACTS
                 else:
                     keep = kind in _NEED_PAYLOAD_KINDS or (kind == "chromium_event" and stats["clock"] is None)
                 cur = (glog, env)
@@ -302,8 +303,8 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
             if not backward and m.get("restart_reasons"):
                 row["_restart_reasons"] = m.get("restart_reasons")
         elif kind == "artifact":
-            a = env.get("artifact") or {}
-            name = a.get("name", "")
+            a = env.get("artifact") if isinstance(env.get("artifact"), dict) else {}
+            name = a.get("name", "") if isinstance(a.get("name", ""), str) else ""
             text = "".join(payload or [])
             if name == "dynamo_graph_break_reason":
                 rows.append({**base, "kind": "graph_break", **_graph_break(text)})
@@ -399,8 +400,10 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
             row["rank"] = rank
         if row.get("ts") is None and glog is not None and offset is not None:
             row["ts"] = _glog_ns(glog, year) + offset
+        if row.get("compile_id") is not None and not isinstance(row["compile_id"], str):  # a damaged record's value
+            row["compile_id"] = str(row["compile_id"])
         fr = frames.get(row.get("compile_id"))
-        if fr is None and row.get("frame_id") is not None:  # e.g. the attempt that hit the recompile limit
+        if fr is None and type(row.get("frame_id")) is int:  # e.g. the attempt that hit the recompile limit
             fr = frame_by_id.get(((row.get("compile_id") or "").startswith("!"), row["frame_id"]))
         if fr is not None:
             if row.get("function") is None:
@@ -432,8 +435,35 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
         notes.append(f"{sum(unknown.values())} record(s) of unknown kind(s) {sorted(unknown)} kept as kind unknown")
     if notes:
         source.detail = "; ".join(notes)
-    df = pl.DataFrame(out, schema=_ROW_SCHEMA) if out else None
-    return {"compile_events": df} if df is not None else {}
+    if not out:
+        return {}
+    try:
+        df = pl.DataFrame(out, schema=_ROW_SCHEMA)
+    except (pl.exceptions.PolarsError, TypeError, OverflowError, ValueError):
+        df = pl.DataFrame(_fit(out), schema=_ROW_SCHEMA)  # a record with a value of an odd type or size
+    return {"compile_events": df}
+
+
+def _fit(rows: list[dict]) -> list[dict]:
+    """Rows whose values fit their columns: text columns take other values as JSON text, integer columns take only
+    int64 integers (anything else is null)."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        for c, t in _ROW_SCHEMA.items():
+            v = r.get(c)
+            if v is None:
+                continue
+            if t == pl.Utf8 and not isinstance(v, str):
+                try:
+                    r[c] = _dumps(v)
+                except TypeError:  # an integer beyond 64 bits
+                    r[c] = str(v)
+            elif t != pl.Utf8 and not (type(v) is int and -(1 << 31 if t == pl.Int32 else 1 << 63) <= v
+                                       < (1 << 31 if t == pl.Int32 else 1 << 63)):
+                r[c] = None
+        out.append(r)
+    return out
 
 
 _ROW_SCHEMA = {

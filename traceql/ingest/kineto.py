@@ -517,13 +517,18 @@ _COLL_ATTRS = list(_ARG_KEYS)[list(_ARG_KEYS).index("coll_name") :]
 if msgspec is not None:
     from typing import Any, Union
 
+    # Fields the tables read are scalars: an event with a list or object there is not msgspec's (the chunk goes to
+    # the dict reader, which nulls such values; deeply nested ones would take polars minutes to look at).
+    _Scalar = Union[str, int, float, bool, None]
     _Args = msgspec.defstruct(
-        "_Args", [(a, Any, msgspec.field(default=None, name=k)) for a, k in _ARG_KEYS.items()], gc=False
+        "_Args", [(a, Any if a in _COLL_ATTRS else _Scalar, msgspec.field(default=None, name=k))
+                  for a, k in _ARG_KEYS.items()], gc=False
     )
     _Event = msgspec.defstruct(
         "_Event",
-        [("ph", Any, None), ("cat", Any, None), ("name", Any, None), ("pid", Any, None), ("tid", Any, None),
-         ("ts", Any, None), ("dur", Any, 0), ("id", Any, None), ("args", Union[_Args, None], None)],
+        [("ph", _Scalar, None), ("cat", _Scalar, None), ("name", _Scalar, None), ("pid", _Scalar, None),
+         ("tid", _Scalar, None), ("ts", _Scalar, None), ("dur", _Scalar, 0), ("id", _Scalar, None),
+         ("args", Union[_Args, None], None)],
         gc=False,  # plain values only, no cycles: not tracked, cheaper to make and free
     )
     _DECODER = msgspec.json.Decoder(list[_Event])
@@ -790,6 +795,9 @@ class _Acc:
         for attr in ("device", "stream", "correlation", "ext", "ext2", "nbytes", "sync_kind", "wait_event", "event"):
             key = _ARG_KEYS[attr]
             c[attr] = [g(x, key) for x in a]
+        for k, col in c.items():  # a list or object where a scalar belongs: null, as msgspec's path has it
+            if any(type(v) in (list, dict) for v in col):
+                c[k] = [None if type(v) in (list, dict) else v for v in col]
         self.add_columns(i0, c, lambda j: a[j], idx)
 
     def finish_be(self) -> None:
@@ -1120,7 +1128,7 @@ def _decode_chunk(buf: bytearray, end: int, acc: _Acc, i0: int) -> int | None:
     part = mv[:end]
     try:
         evs = _DECODER.decode(part)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # RecursionError: nesting deeper than msgspec goes
         evs = None
     finally:
         part.release()
@@ -1132,7 +1140,7 @@ def _decode_chunk(buf: bytearray, end: int, acc: _Acc, i0: int) -> int | None:
             chunk, n_ctrl = _escape_ctrl(chunk)
             try:
                 evs = _DECODER.decode(chunk)
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, RecursionError):
                 pass
         if evs is None:
             # Valid JSON that msgspec's structs refuse (args a list or a string, a field an object): read as dicts,
@@ -1153,10 +1161,15 @@ def _decode_chunk(buf: bytearray, end: int, acc: _Acc, i0: int) -> int | None:
     return len(evs)
 
 
+_SURROGATE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
 def _lenient(piece: bytes, acc: _Acc) -> list | None:
     """One damaged event's bytes, read the forgiving way: bytes that are no UTF-8 replaced, integers beyond 64 bits
     and NaN taken (the standard library's parser). None when it still is not JSON."""
     piece, n_ctrl = _escape_ctrl(piece)
+    # Lone surrogate escapes (\ud800 without its pair) would make strings that cannot be stored: U+FFFD instead.
+    piece = _SURROGATE.sub(lambda m: m.group(0) if len(m.group(0)) == 12 else b"\\ufffd", piece)
     try:
         got = json.loads(b"[" + piece.decode("utf-8", "replace").encode() + b"]")
     except (ValueError, RecursionError):

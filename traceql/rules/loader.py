@@ -171,7 +171,8 @@ def load_rule(path: Path) -> Rule:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise RuleError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())  # one line, whatever PyYAML says
+        raise RuleError(f"{path}: not valid YAML{where}: {problem}") from None
     return parse_rule(data, path)
 
 
