@@ -116,6 +116,12 @@ def seeds(target: str, work: Path) -> list[tuple[str, bytes]]:
         for i, p in enumerate(_discover("nsys")[:4]):
             dst = work / f"seed{i}.sqlite"
             _cut_nsys(p, dst, 150)
+            con = sqlite3.connect(dst)  # the planted secret, where exporters record the launched process's environment
+            con.execute("CREATE TABLE IF NOT EXISTS META_DATA_CAPTURE (name TEXT, value TEXT)")
+            for v in (f"RANK={SECRET}", f"API_TOKEN={SECRET}"):
+                con.execute("INSERT INTO META_DATA_CAPTURE VALUES ('PROCESS_0:ENVIRONMENT_VARIABLE', ?)", (v,))
+            con.commit()
+            con.close()
             out.append(("rank7.nsys.sqlite", dst.read_bytes()))
         return out
     if target == "torch_trace":
@@ -277,11 +283,6 @@ def mutate_nsys(data: bytes, rng: random.Random, work: Path) -> tuple[str, bytes
     p = work / "mut.sqlite"
     p.write_bytes(data)
     con = sqlite3.connect(p)
-    con.execute("PRAGMA writable_schema = 0")
-    # the planted secret: as the capture's environment and the target's, where the exporter puts them
-    con.execute("CREATE TABLE IF NOT EXISTS META_DATA_CAPTURE (name TEXT, value TEXT)")
-    con.execute("INSERT INTO META_DATA_CAPTURE VALUES ('PROCESS_0:ENVIRONMENT_VARIABLE', ?)", (f"RANK={SECRET}",))
-    con.execute("INSERT INTO META_DATA_CAPTURE VALUES ('PROCESS_0:ENVIRONMENT_VARIABLE', ?)", (f"API_TOKEN={SECRET}",))
     tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
     op = rng.choice(["drop_table", "drop_column", "rename", "fill", "fill", "fill", "delete", "nulls", "bytes"])
     t = rng.choice(tables)
@@ -498,11 +499,11 @@ def check_beside_good(target: str, case: int, seed: int) -> bool:
             shutil.copytree(GOOD_RUN, run)
             (run / "manifest.json").unlink(missing_ok=True)
             (run / name).write_bytes(content)
-            got.append(_findings(run))
-        before, after = got
-        if before is None or after is None:
+            got.append(_findings(run, name))
+        (before, ranks_b, _), (after, ranks_a, good_ok) = got
+        if before is None or after is None or not good_ok:
             return False
-        good = {0, 1}
+        good = {0, 1} - ranks_b - ranks_a  # the ranks only the good run's own files hold
         want = {(r, tuple(sorted(set(ranks) & good))) for r, ranks in before if set(ranks) & good}
         have = {(r, tuple(sorted(set(ranks) & good))) for r, ranks in after if set(ranks) & good}
         return want <= have
@@ -510,18 +511,23 @@ def check_beside_good(target: str, case: int, seed: int) -> bool:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _findings(run: Path) -> set | None:
-    """(rule, ranks) of each finding of `traceql check RUN`; None when it did not finish with a report."""
+def _findings(run: Path, name: str) -> tuple[set | None, set, bool]:
+    """(rule, ranks) of each finding of `traceql check RUN` (None when it did not finish with a report), the ranks the
+    file `name` was read as, and whether every other input of the run was read."""
     env = dict(os.environ, PYTHONPATH=str(REPO), POLARS_MAX_THREADS="1")
     out = subprocess.run([sys.executable, "-c", "from traceql.cli import main; main()", "check", str(run),
                           "--format", "json", "--no-cache"], capture_output=True, env=env, cwd=REPO, timeout=300)
-    if out.returncode not in (0, 1):
-        return None
     try:
-        doc = json.loads(out.stdout)
+        doc = json.loads(out.stdout) if out.returncode in (0, 1) else None
     except ValueError:
-        return None
-    return {(f.get("rule"), tuple(f.get("ranks") or ())) for f in doc.get("findings", [])}
+        doc = None
+    if doc is None:
+        return None, set(), False
+    srcs = doc.get("sources", [])
+    mine = [x for x in srcs if Path(str(x.get("path"))).name == name]
+    ranks = {r for x in mine for r in (x.get("ranks") or [x.get("rank")]) if r is not None}
+    others_ok = all(x.get("status") in ("ok", "partial") for x in srcs if x not in mine and x.get("kind") != "unknown")
+    return {(f.get("rule"), tuple(f.get("ranks") or ())) for f in doc.get("findings", [])}, ranks, others_ok
 
 
 def summarise(target: str, results: list) -> dict:
