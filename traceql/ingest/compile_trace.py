@@ -145,6 +145,36 @@ def parse_components(items) -> dict:
 # --- reading --------------------------------------------------------------------------------------------------
 
 
+# Records whose body read() takes apart as an object, and the types of the metrics it reads (anything else is dropped:
+# a damaged or hand-edited record must cost its odd values, not the log).
+_OBJECT_KINDS = ("dynamo_start", "compilation_metrics", "bwd_compilation_metrics", "artifact", "optimize_ddp_split_child")
+_METRIC_TEXT = ("compile_id", "co_name", "co_filename", "fail_type", "fail_reason", "recompile_reason")
+
+
+def _fit_record(env: dict, kind) -> None:
+    if kind not in _OBJECT_KINDS:
+        return
+    if not isinstance(env.get(kind), dict):
+        env[kind] = {}
+    if kind in ("compilation_metrics", "bwd_compilation_metrics"):
+        m = env[kind]
+        for k, v in list(m.items()):
+            if k in _METRIC_TEXT:
+                ok = isinstance(v, str)
+            elif k == "restart_reasons":
+                ok = isinstance(v, list)
+            elif k.endswith(("_s", "_us", "_count", "_time", "_size", "lineno", "graph_breaks")) or k == "start_time":
+                ok = type(v) in (int, float) and v == v and abs(v) < 1e15
+            else:
+                continue
+            if not ok:
+                del m[k]
+    if kind == "dynamo_start" and not isinstance(env[kind].get("stack", []), list):
+        env[kind]["stack"] = []
+    if not isinstance(env.get("stack", []), list):
+        env["stack"] = []
+
+
 def _records(path: Path, stats: dict):
     """Yield (glog fields, envelope dict, payload lines or None). Payloads are kept only for kinds we need."""
     cur = None
@@ -183,6 +213,7 @@ def _records(path: Path, stats: dict):
                     stats["bad_lines"] += 1
                     continue
                 kind = next((k for k in env if k not in _ENVELOPE), None)
+                _fit_record(env, kind)
                 env["_kind"] = kind
                 env["_line"] = lineno
                 glog = m.groups()[1:7]
@@ -232,6 +263,8 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
         if first_glog is None:
             first_glog = glog
         r = env.get("rank")
+        if not (type(r) is int and 0 <= r < 1 << 31):  # a rank no rank column can hold: unknown
+            r = None
         if isinstance(r, int):
             ranks_seen.add(r)
         cid = compile_id_of(env)

@@ -1320,6 +1320,8 @@ def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
         n += got if got is not None else _decode_region(carry[1:close], offset + 1, acc, n, sep, comma, True)
         header = _header(prefix, bytes(carry[m.end() :]), offset + len(carry), None, notes)
     else:
+        if n == 0 and not acc.drops.spans:  # not one separator nor the array's end: a layout other than guessed
+            raise _Fallback("layout not as guessed")
         header = _header(prefix, None, offset + len(carry), offset, notes)
     return _finish(header, acc, notes, source, "decompressed byte" if _gzipped(path) else "byte")
 
@@ -1420,6 +1422,8 @@ def _scan_mapped(mm, size: int, source: Source) -> tuple[dict, _Acc]:
     else:  # broken off: the complete events up to the last separator
         cut = mm.rfind(sep, pos)
         kept = pos - 1
+        if cut < 0 and n == 0 and not acc.drops.spans:  # not one separator nor the array's end: another layout
+            raise _Fallback("layout not as guessed")
         if cut >= 0:
             n += take(pos, cut + comma)
             kept = cut + comma
