@@ -435,9 +435,10 @@ def _spawn(target: str, start: int, count: int, seed: int, cap: float, err) -> s
                              str(seed), str(cap)], stdout=subprocess.PIPE, stderr=err, env=env, cwd=REPO)
 
 
-def run_target(target: str, cases: int, seed: int, cap: float, jobs: int, batch: int, results: list) -> None:
-    """Every case of a target, in batches over `jobs` worker processes; results get one dict per case."""
-    todo = [(s, min(batch, cases - s)) for s in range(0, cases, batch)]
+def run_target(target: str, cases: int, seed: int, cap: float, jobs: int, batch: int, results: list,
+               first: int = 0) -> None:
+    """Cases first..first+cases-1 of a target, in batches over `jobs` worker processes; one result dict per case."""
+    todo = [(s, min(batch, first + cases - s)) for s in range(first, first + cases, batch)]
     running: list = []  # (proc, end, state)
     while todo or running:
         while todo and len(running) < jobs:
@@ -564,8 +565,9 @@ def salvage(n: int, seed: int, use_kscan: bool, trace: Path) -> tuple[int, int, 
     kept, why = 0, {}
     for _ in range(n):
         pos = rng.randrange(lo, hi + 1)
-        b = rng.randrange(255)
-        b += b >= data[pos]  # any other byte
+        b = rng.randrange(256)
+        while b == data[pos]:  # any other byte
+            b = rng.randrange(256)
         m = bytearray(data)
         m[pos] = b
         p.write_bytes(m)
@@ -590,11 +592,13 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", type=int, default=10_000, help="cases per target (default 10,000)")
     ap.add_argument("--targets", default=",".join(TARGETS))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--first", type=int, default=0, help="number of the first case (to split a long run)")
     ap.add_argument("--cap", type=float, default=20.0, help="seconds per case before it counts as a hang")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--batch", type=int, default=500)
     ap.add_argument("--check-every", type=int, default=2500, help="every Nth case also runs beside a good run (0: never)")
     ap.add_argument("--salvage", type=int, default=0, help="run the one-changed-byte salvage measure with N cases")
+    ap.add_argument("--salvage-seed", type=int, default=1234)
     ap.add_argument("--trace", default=str(REPO / "fixtures" / "h200-ddp-eager" / "rank0.pt.trace.json.gz"))
     ap.add_argument("--show", help="TARGET:N: write case N of TARGET to the current folder and exit")
     ap.add_argument("--json", help="write the per-target summaries here")
@@ -607,7 +611,7 @@ def main(argv=None) -> int:
         return 0
     if a.salvage:
         for use in (True, False):
-            kept, base, why = salvage(a.salvage, a.seed, use, Path(a.trace))
+            kept, base, why = salvage(a.salvage, a.salvage_seed, use, Path(a.trace))
             print(f"salvage ({'C scanner' if use else 'msgspec/Python'}): {kept}/{a.salvage} = {kept / a.salvage:.1%} "
                   f"of one-byte changes inside traceEvents keep >= 99% of {base} events; lost whole: {why or 'none'}")
         return 0
@@ -624,9 +628,9 @@ def main(argv=None) -> int:
     for t in a.targets.split(","):
         t0 = time.time()
         results: list = []
-        run_target(t, a.cases, a.seed, a.cap, a.jobs, a.batch, results)
+        run_target(t, a.cases, a.seed, a.cap, a.jobs, a.batch, results, a.first)
         s = summarise(t, results)
-        checks = [i for i in range(0, a.cases, a.check_every)] if a.check_every and t != "rules" else []
+        checks = list(range(a.first, a.first + a.cases, a.check_every)) if a.check_every and t != "rules" else []
         kept = sum(check_beside_good(t, i, a.seed) for i in checks)
         s["good_kept"] = f"{kept}/{len(checks)}" if checks else "n/a"
         s["seconds"] = round(time.time() - t0, 1)

@@ -17,8 +17,11 @@ The chunked paths keep one slice, plus the columns read so far, in memory, whate
 sweep (in C where built), flow pairing and collectives run over whole tables.
 
 Damaged input is read as far as it goes: a truncated file or gzip stream keeps every complete event
-(status "partial", detail naming the byte offset), raw control characters in strings are escaped before parsing
-(only in a chunk that fails to decode), and args keys are looked up on every event, never inferred from the first.
+(status "partial", detail naming the byte offset); a damaged stretch inside the event array costs only the events it
+touches (a slice that does not decode is cut at the event separators and halved until each bad event stands alone;
+the detail names how many were dropped and their byte ranges); raw control characters in strings are escaped before
+parsing (only in a chunk that fails to decode); a UTF-8 byte order mark is skipped and UTF-16 converted; and args
+keys are looked up on every event, never inferred from the first.
 """
 
 from __future__ import annotations
