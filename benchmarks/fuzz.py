@@ -436,7 +436,7 @@ def _spawn(target: str, start: int, count: int, seed: int, cap: float, err) -> s
 
 
 def run_target(target: str, cases: int, seed: int, cap: float, jobs: int, batch: int, results: list,
-               first: int = 0) -> None:
+               first: int = 0, log=None) -> None:
     """Cases first..first+cases-1 of a target, in batches over `jobs` worker processes; one result dict per case."""
     todo = [(s, min(batch, first + cases - s)) for s in range(first, first + cases, batch)]
     running: list = []  # (proc, end, state)
@@ -459,6 +459,9 @@ def run_target(target: str, cases: int, seed: int, cap: float, jobs: int, batch:
                     elif line.startswith(b"R "):
                         results.append(json.loads(line[2:]))
                         st["cur"] = None
+                        if log is not None:
+                            log.write(line[2:].decode() + "\n")
+                            log.flush()
                 eof = not chunk
             if not eof and time.time() - st["t"] < cap + 30:
                 continue
@@ -478,6 +481,9 @@ def run_target(target: str, cases: int, seed: int, cap: float, jobs: int, batch:
             if cur is not None:
                 results.append({"case": cur, "outcome": outcome or "crash", "error": err.strip()[-300:],
                                 "where": f"worker exit {proc.returncode}"})
+                if log is not None:
+                    log.write(json.dumps(results[-1]) + "\n")
+                    log.flush()
                 if cur + 1 < end:
                     todo.insert(0, (cur + 1, end - cur - 1))
             elif proc.returncode != 0 and not any(r.get("case") == end - 1 for r in results):
@@ -502,14 +508,33 @@ def check_beside_good(target: str, case: int, seed: int) -> bool:
             (run / name).write_bytes(content)
             got.append(_findings(run, name))
         (before, ranks_b, _), (after, ranks_a, good_ok) = got
-        if before is None or after is None or not good_ok:
+        alone = _alone()
+        if before is None or after is None or alone is None or not good_ok:
             return False
         good = {0, 1} - ranks_b - ranks_a  # the ranks only the good run's own files hold
-        want = {(r, tuple(sorted(set(ranks) & good))) for r, ranks in before if set(ranks) & good}
-        have = {(r, tuple(sorted(set(ranks) & good))) for r, ranks in after if set(ranks) & good}
-        return want <= have
+
+        def on_good(fs):
+            return {(r, tuple(sorted(set(ranks) & good))) for r, ranks in fs if set(ranks) & good}
+
+        # The good run's own findings (alone, and beside the unmutated file): cross-source findings that the extra file
+        # brings (a Flight Recorder group missing ranks) or takes away (a straggler among more ranks) are not its own.
+        return on_good(alone) & on_good(before) <= on_good(after)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+_ALONE: list = []
+
+
+def _alone() -> set | None:
+    """The good run's findings on its own (once per process)."""
+    if not _ALONE:
+        work = Path(tempfile.mkdtemp(prefix="tqlfuzz-alone-"))
+        shutil.copytree(GOOD_RUN, work / "run")
+        (work / "run" / "manifest.json").unlink(missing_ok=True)
+        _ALONE.append(_findings(work / "run", "")[0])
+        shutil.rmtree(work, ignore_errors=True)
+    return _ALONE[0]
 
 
 def _findings(run: Path, name: str) -> tuple[set | None, set, bool]:
@@ -602,6 +627,9 @@ def main(argv=None) -> int:
     ap.add_argument("--trace", default=str(REPO / "fixtures" / "h200-ddp-eager" / "rank0.pt.trace.json.gz"))
     ap.add_argument("--show", help="TARGET:N: write case N of TARGET to the current folder and exit")
     ap.add_argument("--json", help="write the per-target summaries here")
+    ap.add_argument("--check-only", action="store_true", help="only the beside-a-good-run checks of the cases")
+    ap.add_argument("--log", help="append each case's result to LOG.TARGET.jsonl as it comes (a long run can be cut)")
+    ap.add_argument("--summarise", nargs="+", metavar="JSONL", help="print the table of logged results and exit")
     ap.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
@@ -614,6 +642,18 @@ def main(argv=None) -> int:
             kept, base, why = salvage(a.salvage, a.salvage_seed, use, Path(a.trace))
             print(f"salvage ({'C scanner' if use else 'msgspec/Python'}): {kept}/{a.salvage} = {kept / a.salvage:.1%} "
                   f"of one-byte changes inside traceEvents keep >= 99% of {base} events; lost whole: {why or 'none'}")
+        return 0
+    if a.check_only:
+        for t in a.targets.split(","):
+            cases = list(range(a.first, a.first + a.cases, a.check_every))
+            print(f"{t}: good run kept its findings beside {sum(check_beside_good(t, i, a.seed) for i in cases)}/"
+                  f"{len(cases)} fuzzed cases ({cases})", flush=True)
+        return 0
+    if a.summarise:
+        for f in a.summarise:
+            rows = [json.loads(x) for x in Path(f).read_text().splitlines() if x.strip()]
+            s = summarise(Path(f).name.split(".")[-2], list({r["case"]: r for r in rows}.values()))
+            print(json.dumps({k: v for k, v in s.items() if k != "classes"}), s["classes"] or "")
         return 0
     if a.show:
         t, n = a.show.split(":")
@@ -628,7 +668,10 @@ def main(argv=None) -> int:
     for t in a.targets.split(","):
         t0 = time.time()
         results: list = []
-        run_target(t, a.cases, a.seed, a.cap, a.jobs, a.batch, results, a.first)
+        log = open(f"{a.log}.{t}.jsonl", "a") if a.log else None  # noqa: SIM115 - closed below
+        run_target(t, a.cases, a.seed, a.cap, a.jobs, a.batch, results, a.first, log)
+        if log is not None:
+            log.close()
         s = summarise(t, results)
         checks = list(range(a.first, a.first + a.cases, a.check_every)) if a.check_every and t != "rules" else []
         kept = sum(check_beside_good(t, i, a.seed) for i in checks)

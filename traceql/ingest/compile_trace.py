@@ -93,6 +93,8 @@ def compile_id_of(env: dict) -> str | None:
     """torch's CompileId string from a record's envelope (keep in step with torch._guards.CompileId.__str__)."""
     ca = env.get("compiled_autograd_id")
     f, c = env.get("frame_id"), env.get("frame_compile_id")
+    if not all(v is None or type(v) in (int, str) for v in (ca, f, c)):  # a damaged record: no compile id
+        return None
     if ca is not None:
         return f"!{ca}/{f}/{c}" if f is not None and c is not None else f"!{ca}"
     if f is None or c is None:
@@ -470,11 +472,8 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
         source.detail = "; ".join(notes)
     if not out:
         return {}
-    try:
-        df = pl.DataFrame(out, schema=_ROW_SCHEMA)
-    except (pl.exceptions.PolarsError, TypeError, OverflowError, ValueError):
-        df = pl.DataFrame(_fit(out), schema=_ROW_SCHEMA)  # a record with a value of an odd type or size
-    return {"compile_events": df}
+    # every value made to fit its column first: polars takes minutes over a deeply nested one before it refuses it
+    return {"compile_events": pl.DataFrame(_fit(out), schema=_ROW_SCHEMA)}
 
 
 def _fit(rows: list[dict]) -> list[dict]:
@@ -490,8 +489,11 @@ def _fit(rows: list[dict]) -> list[dict]:
             if t == pl.Utf8 and not isinstance(v, str):
                 try:
                     r[c] = _dumps(v)
-                except TypeError:  # an integer beyond 64 bits
-                    r[c] = str(v)
+                except TypeError:  # an integer beyond 64 bits, or nesting deeper than orjson writes
+                    try:
+                        r[c] = str(v)
+                    except RecursionError:
+                        r[c] = None
             elif t != pl.Utf8 and not (type(v) is int and -(1 << 31 if t == pl.Int32 else 1 << 63) <= v
                                        < (1 << 31 if t == pl.Int32 else 1 << 63)):
                 r[c] = None
