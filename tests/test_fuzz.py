@@ -57,7 +57,7 @@ def test_one_changed_byte_inside_trace_events_keeps_the_other_events(plain_trace
     rng = random.Random(16)
     p = tmp_path / "rank0.pt.trace.json"
     dropped = 0
-    for _ in range(25):
+    for _ in range(16):
         pos = rng.randrange(lo, hi + 1)
         data = bytearray(plain_trace)
         data[pos] = (data[pos] + rng.randrange(1, 256)) % 256
@@ -71,7 +71,7 @@ def test_one_changed_byte_inside_trace_events_keeps_the_other_events(plain_trace
             assert m, src.detail
             assert int(m.group(2)) <= pos < int(m.group(3))  # the region named holds the changed byte
             assert src.meta["events"] + int(m.group(1)) >= 3923
-    assert dropped >= 5  # most changes inside an event's text break it
+    assert dropped >= 4  # most changes inside an event's text break it
 
 
 def test_damaged_traces_read_the_same_with_and_without_the_scanner(plain_trace, tmp_path, monkeypatch):

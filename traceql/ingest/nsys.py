@@ -526,16 +526,22 @@ def _time_shift(db: _Db, meta: dict, kernels: pl.DataFrame, runtime: pl.DataFram
     if not db.has("ANALYSIS_DETAILS"):
         meta["time_base"] = "as exported (no ANALYSIS_DETAILS)"
         return 0
+    if not {"startTime", "duration"} <= db.cols("ANALYSIS_DETAILS"):
+        meta["time_base"] = "as exported (ANALYSIS_DETAILS without startTime)"
+        return 0
     row = db.con.execute("SELECT startTime, duration FROM ANALYSIS_DETAILS LIMIT 1").fetchone()
-    if not row or row[0] is None:
+    if not row or type(row[0]) is not int:  # missing, or not a time (a damaged export)
         meta["time_base"] = "as exported"
         return 0
     start, duration = row
+    duration = duration if type(duration) is int else None
     busy = [f for f in (kernels, runtime) if f.height]
-    lo = min(f["ts"].min() for f in busy) if busy else None
-    hi = max(f["end"].max() for f in busy) if busy else None
+    lows = [v for f in busy if (v := f["ts"].min()) is not None]
+    highs = [v for f in busy if (v := f["end"].max()) is not None]
+    lo = min(lows) if lows else None
+    hi = max(highs) if highs else None
     relative = lo is not None and lo < start  # impossible on the target clock: events before the session began
-    if not relative and lo is not None and _version_tuple(meta.get("nsys_version")) >= (2026, 1):
+    if not relative and lo is not None and hi is not None and _version_tuple(meta.get("nsys_version")) >= (2026, 1):
         relative = hi <= (duration or 0)
     if relative:
         meta["time_base"] = "session-relative (nsys 2026.1+); shifted by ANALYSIS_DETAILS.startTime"
