@@ -1196,7 +1196,7 @@ class _Drops:
         shown = ", ".join(f"{a}-{b}" for a, b, _ in self.spans[:5])
         more = f" and {len(self.spans) - 5} more" if len(self.spans) > 5 else ""
         regions = f"{len(self.spans)} damaged region{'s' if len(self.spans) > 1 else ''}"
-        return (f"damaged trace: dropped {n} event{'s' if n > 1 else ''} that do not parse, in {regions} at "
+        return (f"damaged trace: dropped {n} event{'s that do' if n > 1 else ' that does'} not parse, in {regions} at "
                 f"{where} {shown}{more}; every other event kept")
 
 
