@@ -98,6 +98,8 @@ def compile_id_of(env: dict) -> str | None:
     """torch's CompileId string from a record's envelope (keep in step with torch._guards.CompileId.__str__)."""
     ca = env.get("compiled_autograd_id")
     f, c = env.get("frame_id"), env.get("frame_compile_id")
+    if not all(v is None or type(v) in (int, str) for v in (ca, f, c)):  # a damaged record: no compile id
+        return None
     if ca is not None:
         return f"!{ca}/{f}/{c}" if f is not None and c is not None else f"!{ca}"
     if f is None or c is None:
@@ -150,6 +152,36 @@ def parse_components(items) -> dict:
 # --- reading --------------------------------------------------------------------------------------------------
 
 
+# Records whose body read() takes apart as an object, and the types of the metrics it reads (anything else is dropped:
+# a damaged or hand-edited record must cost its odd values, not the log).
+_OBJECT_KINDS = ("dynamo_start", "compilation_metrics", "bwd_compilation_metrics", "artifact", "optimize_ddp_split_child")
+_METRIC_TEXT = ("compile_id", "co_name", "co_filename", "fail_type", "fail_reason", "recompile_reason")
+
+
+def _fit_record(env: dict, kind) -> None:
+    if kind not in _OBJECT_KINDS:
+        return
+    if not isinstance(env.get(kind), dict):
+        env[kind] = {}
+    if kind in ("compilation_metrics", "bwd_compilation_metrics"):
+        m = env[kind]
+        for k, v in list(m.items()):
+            if k in _METRIC_TEXT:
+                ok = isinstance(v, str)
+            elif k == "restart_reasons":
+                ok = isinstance(v, list)
+            elif k.endswith(("_s", "_us", "_count", "_time", "_size", "lineno", "graph_breaks")) or k == "start_time":
+                ok = type(v) in (int, float) and v == v and abs(v) < 1e15
+            else:
+                continue
+            if not ok:
+                del m[k]
+    if kind == "dynamo_start" and not isinstance(env[kind].get("stack", []), list):
+        env[kind]["stack"] = []
+    if not isinstance(env.get("stack", []), list):
+        env["stack"] = []
+
+
 def _records(path: Path, stats: dict):
     """Yield (glog fields, envelope dict, payload lines or None). Payloads are kept only for kinds we need."""
     cur = None
@@ -188,12 +220,14 @@ def _records(path: Path, stats: dict):
                     stats["bad_lines"] += 1
                     continue
                 kind = next((k for k in env if k not in _ENVELOPE), None)
+                _fit_record(env, kind)
                 env["_kind"] = kind
                 env["_line"] = lineno
                 glog = m.groups()[1:7]
                 if kind == "artifact":
-                    name = (env.get("artifact") or {}).get("name", "")
-                    keep = name in _NEED_PAYLOAD_ARTIFACTS
+                    art = env.get("artifact")
+                    name = art.get("name", "") if isinstance(art, dict) else ""
+                    keep = isinstance(name, str) and name in _NEED_PAYLOAD_ARTIFACTS
                 else:
                     keep = kind in _NEED_PAYLOAD_KINDS or (kind == "chromium_event" and stats["clock"] is None)
                 cur = (glog, env)
@@ -239,6 +273,8 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
         if first_glog is None:
             first_glog = glog
         r = env.get("rank")
+        if not (type(r) is int and 0 <= r < 1 << 31):  # a rank no rank column can hold: unknown
+            r = None
         if isinstance(r, int):
             ranks_seen.add(r)
         cid = compile_id_of(env)
@@ -323,8 +359,8 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
             if not backward and m.get("restart_reasons"):
                 row["_restart_reasons"] = m.get("restart_reasons")
         elif kind == "artifact":
-            a = env.get("artifact") or {}
-            name = a.get("name", "")
+            a = env.get("artifact") if isinstance(env.get("artifact"), dict) else {}
+            name = a.get("name", "") if isinstance(a.get("name", ""), str) else ""
             text = "".join(payload or [])
             if name == "dynamo_graph_break_reason":
                 rows.append({**base, "kind": "graph_break", **_graph_break(text)})
@@ -450,8 +486,10 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
             row["rank"] = rank
         if row.get("ts") is None and glog is not None and offset is not None:
             row["ts"] = _glog_ns(glog, year) + offset
+        if row.get("compile_id") is not None and not isinstance(row["compile_id"], str):  # a damaged record's value
+            row["compile_id"] = str(row["compile_id"])
         fr = frames.get(row.get("compile_id"))
-        if fr is None and row.get("frame_id") is not None:  # e.g. the attempt that hit the recompile limit
+        if fr is None and type(row.get("frame_id")) is int:  # e.g. the attempt that hit the recompile limit
             fr = frame_by_id.get(((row.get("compile_id") or "").startswith("!"), row["frame_id"]))
         if fr is not None:
             if row.get("function") is None:
@@ -483,8 +521,35 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
         notes.append(f"{sum(unknown.values())} record(s) of unknown kind(s) {sorted(unknown)} kept as kind unknown")
     if notes:
         source.detail = "; ".join(notes)
-    df = pl.DataFrame(out, schema=_ROW_SCHEMA) if out else None
-    return {"compile_events": df} if df is not None else {}
+    if not out:
+        return {}
+    # every value made to fit its column first: polars takes minutes over a deeply nested one before it refuses it
+    return {"compile_events": pl.DataFrame(_fit(out), schema=_ROW_SCHEMA)}
+
+
+def _fit(rows: list[dict]) -> list[dict]:
+    """Rows whose values fit their columns: text columns take other values as JSON text, integer columns take only
+    int64 integers (anything else is null)."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        for c, t in _ROW_SCHEMA.items():
+            v = r.get(c)
+            if v is None:
+                continue
+            if t == pl.Utf8 and not isinstance(v, str):
+                try:
+                    r[c] = _dumps(v)
+                except TypeError:  # an integer beyond 64 bits, or nesting deeper than orjson writes
+                    try:
+                        r[c] = str(v)
+                    except RecursionError:
+                        r[c] = None
+            elif t != pl.Utf8 and not (type(v) is int and -(1 << 31 if t == pl.Int32 else 1 << 63) <= v
+                                       < (1 << 31 if t == pl.Int32 else 1 << 63)):
+                r[c] = None
+        out.append(r)
+    return out
 
 
 _ROW_SCHEMA = {

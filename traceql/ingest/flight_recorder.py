@@ -320,14 +320,17 @@ def _numel(sizes) -> int | None:
     for s in sizes:
         if not isinstance(s, list | tuple):
             return None
-        total += math.prod(int(x) for x in s)
-    return total
+        try:
+            total += math.prod(int(x) for x in s)
+        except (TypeError, ValueError, OverflowError):  # a size that is not a number: unknown
+            return None
+    return total if -(1 << 63) <= total < (1 << 63) else None
 
 
 def _op(profiling_name: str | None) -> tuple[str | None, str | None]:
     """'nccl:all_reduce' -> ('nccl', 'all_reduce'); 'nccl:_allgather_base' -> ('nccl', 'all_gather'): the op named as
     the Kineto importer names it (collective_names), so that the same call matches across the two sources."""
-    if not profiling_name:
+    if not profiling_name or not isinstance(profiling_name, str):
         return None, None
     backend, _, op = profiling_name.partition(":")
     if not op:
@@ -340,11 +343,14 @@ def _i(v) -> int | None:
     if isinstance(v, bool) or v is None:
         return None
     if isinstance(v, int):
-        return v
-    try:
-        return int(str(v))
-    except ValueError:
+        return v if -(1 << 63) <= v < (1 << 63) else None  # beyond int64: no column can hold it
+    if not isinstance(v, str | float):
         return None
+    try:
+        n = int(v) if isinstance(v, float) else int(str(v))
+    except (ValueError, OverflowError):
+        return None
+    return n if -(1 << 63) <= n < (1 << 63) else None
 
 
 def _pg_cfg(pg_config: dict, pg_name: str, pg_desc: str) -> dict:
@@ -378,7 +384,7 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
     if rank is None:
         raise IngestError(f"{path}: cannot tell which rank wrote this Flight Recorder dump; name it with its rank "
                           "(e.g. nccl_trace_rank_3) as torch does")
-    pg_config = dump.get("pg_config") or {}
+    pg_config = dump.get("pg_config") if isinstance(dump.get("pg_config"), dict) else {}
     version = str(dump.get("version", ""))
     lib_version = dump.get("comm_lib_version") or dump.get("nccl_version") or ""
     rows = []
@@ -391,13 +397,14 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
         cfg = _pg_cfg(pg_config, pg_name, pg_desc)
         ranks_s = cfg.get("ranks")
         try:
-            group_size = len(orjson.loads(ranks_s)) if isinstance(ranks_s, str) else (len(ranks_s) if ranks_s else None)
+            listed = orjson.loads(ranks_s) if isinstance(ranks_s, str) else ranks_s
+            group_size = len(listed) if isinstance(listed, list | tuple) and listed else None
         except orjson.JSONDecodeError:
             group_size = None
         backend, op = _op(e.get("profiling_name"))
         in_n, out_n = _numel(e.get("input_sizes")), _numel(e.get("output_sizes"))
-        dtypes = e.get("input_dtypes") or []
-        dtype = dtypes[0] if dtypes else None
+        dtypes = e.get("input_dtypes")
+        dtype = dtypes[0] if isinstance(dtypes, list | tuple) and dtypes and isinstance(dtypes[0], str) else None
         is_p2p = bool(e.get("is_p2p"))
         seq = _i(e.get("p2p_seq_id") if is_p2p else e.get("collective_seq_id"))
         t0 = _i(e.get("time_created_ns"))
@@ -405,19 +412,24 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
         t_end = _i(e.get("time_discovered_completed_ns")) or None
         rows.append({
             "rank": rank, "id": _i(e.get("record_id", i)), "op": op, "backend": backend, "pg_name": pg_name,
-            "pg_desc": pg_desc or cfg.get("desc"), "pg_ranks": ranks_s if isinstance(ranks_s, str) else None,
+            "pg_desc": pg_desc or (cfg.get("desc") if isinstance(cfg.get("desc"), str) else None), "pg_ranks": ranks_s if isinstance(ranks_s, str) else None,
             "group_size": group_size, "seq": seq, "in_nelems": in_n, "out_nelems": out_n, "dtype": dtype,
             "bytes": in_n * size if in_n is not None and (size := dtype_bytes(dtype)) else None,
             "ts": t0, "end": t_end, "dur": (t_end - t0) if t_end and t0 else None,
-            "kernel_ts": t_start, "state": e.get("state"),
+            "kernel_ts": t_start, "state": e.get("state") if isinstance(e.get("state"), str) else None,
         })
         if _i(e.get("timeout_ms")):
             timeouts.add(_i(e["timeout_ms"]))
     schema = SCHEMAS["collectives"]
+    for r in rows:  # sums and products of a damaged dump's numbers can leave int64: unknown, not an error
+        for c, v in r.items():
+            if type(v) is int and not -(1 << 63) <= v < (1 << 63):
+                r[c] = None
     df = pl.DataFrame({c: [r.get(c) for r in rows] for c in schema}, schema=schema)
     # pg_status: where each process group stood when the dump was taken.
     ev = []
-    for pg_id, st in (dump.get("pg_status") or {}).items():
+    pg_status = dump.get("pg_status")
+    for pg_id, st in (pg_status.items() if isinstance(pg_status, dict) else ()):
         if not isinstance(st, dict):
             continue
         ev.append({
@@ -425,7 +437,8 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
             "seq": _i(st.get("last_enqueued_collective")),
             "text": f"Flight Recorder pg {pg_id}: last enqueued {st.get('last_enqueued_collective')}, "
                     f"started {st.get('last_started_collective')}, completed {st.get('last_completed_collective')}",
-            "detail": orjson.dumps({**{k: _i(v) for k, v in st.items()}, "fr_version": version, "comm_lib_version": lib_version}).decode(),
+            "detail": orjson.dumps({**{str(k): _i(v) for k, v in st.items()}, "fr_version": version,
+                                    "comm_lib_version": str(lib_version)}).decode(),
         })
     for t in sorted(timeouts):  # the collective timeout the job ran with, for the error-handling rule
         ev.append({"rank": rank, "kind": "fr_timeout", "level": "INFO", "timeout_ms": t,

@@ -17,8 +17,11 @@ The chunked paths keep one slice, plus the columns read so far, in memory, whate
 sweep (in C where built), flow pairing and collectives run over whole tables.
 
 Damaged input is read as far as it goes: a truncated file or gzip stream keeps every complete event
-(status "partial", detail naming the byte offset), raw control characters in strings are escaped before parsing
-(only in a chunk that fails to decode), and args keys are looked up on every event, never inferred from the first.
+(status "partial", detail naming the byte offset); a damaged stretch inside the event array costs only the events it
+touches (a slice that does not decode is cut at the event separators and halved until each bad event stands alone;
+the detail names how many were dropped and their byte ranges); raw control characters in strings are escaped before
+parsing (only in a chunk that fails to decode); a UTF-8 byte order mark is skipped and UTF-16 converted; and args
+keys are looked up on every event, never inferred from the first.
 """
 
 from __future__ import annotations
@@ -71,8 +74,14 @@ SUPPORTED = True
 _READ_CHUNK = 1 << 22
 
 
+_BOM = b"\xef\xbb\xbf"
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
 def sniff(path: Path, head: bytes) -> bool:
-    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if head[:2] in _UTF16_BOMS:  # a trace saved as UTF-16 (Windows editors): read as UTF-8 after conversion
+        head = head[: len(head) & ~1].decode("utf-16", "ignore").encode("utf-8", "ignore")
+    text = head.removeprefix(_BOM).lstrip(b" \t\r\n")
     if text[:1] not in (b"{", b"["):
         return False
     return any(k in head for k in (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"', b'"ph"'))
@@ -150,6 +159,10 @@ def _salvage(data: bytes) -> tuple[object, int] | None:
             return orjson.loads(data[: pos + 1] + tail), pos + 1
         except orjson.JSONDecodeError:
             continue
+    # Damaged inside the array, not at its end: read it event by event, dropping the damaged ones.
+    got = _resync(data, top_is_list)
+    if got is not None:
+        return got
     # Only the first event (or none) is complete: close the array right after it was opened.
     if start >= 0:
         open_br = data.find(b"[", start)
@@ -161,9 +174,74 @@ def _salvage(data: bytes) -> tuple[object, int] | None:
     return None
 
 
+def _resync(data: bytes, top_is_list: bool) -> tuple[object, int, _Drops] | None:
+    """The whole-document parser's reading of an event array damaged in the middle: cut at every event boundary,
+    each piece parsed alone (joined to the next few where a boundary fell inside an event's args), the pieces that
+    never parse dropped. The keys after the array are kept where they parse. None when no event parses."""
+    if top_is_list:
+        open_br = data.find(b"[")
+    else:
+        open_br = data.find(b"[", data.find(b'"traceEvents"'))
+    close = data.rfind(b"]")
+    if open_br < 0 or close <= open_br:
+        return None
+    body = data[open_br + 1 : close]
+    bounds = [m.start() + 1 for m in _BOUNDARY.finditer(body)]
+    pieces = list(zip([0] + [b + 1 for b in bounds], bounds + [len(body)]))  # each without its comma
+    events: list = []
+    drops = _Drops()
+    base = open_br + 1
+    i = 0
+    while i < len(pieces):
+        got = None
+        for k in range(i, min(i + 8, len(pieces))):
+            try:
+                got = orjson.loads(body[pieces[i][0] : pieces[k][1]])
+                break
+            except orjson.JSONDecodeError:
+                continue
+        if got is not None:
+            events.append(got)
+            i = k + 1
+            continue
+        a, b = pieces[i]
+        text = body[a:b]
+        if text.strip():
+            lost = max(1, text.count(b'"ph"'))
+            if drops.spans and drops.spans[-1][1] + 1 >= base + a:
+                a0, _, n = drops.spans.pop()
+                drops.spans.append((a0, base + b, n + lost))
+            else:
+                drops.spans.append((base + a, base + b, lost))
+        i += 1
+    if not events:
+        return None
+    if top_is_list:
+        return events, -1, drops
+    try:
+        doc = orjson.loads(data[: open_br + 1] + b"]" + data[close + 1 :])
+    except orjson.JSONDecodeError:
+        try:
+            doc = orjson.loads(data[: open_br + 1] + b"]}")
+        except orjson.JSONDecodeError:
+            doc = {}
+    if not isinstance(doc, dict):
+        doc = {}
+    doc["traceEvents"] = events
+    return doc, -1, drops
+
+
 def _parse(path: Path, source: Source) -> tuple[dict, list]:
     data, gz_note = _read_bytes(path)
     notes = [gz_note] if gz_note else []
+    if data[:2] in _UTF16_BOMS:
+        try:
+            data = data.decode("utf-16").encode("utf-8")
+        except UnicodeError as e:
+            raise IngestError(f"{path.name}: UTF-16 text that does not decode ({e.reason} at byte {e.start}); "
+                              "save the trace as UTF-8 (iconv -f UTF-16 -t UTF-8) and check it again") from None
+        source.meta["encoding"] = "utf-16"
+    data = data.removeprefix(_BOM)  # a UTF-8 byte order mark some editors add: JSON parsers refuse it
     if not _NONSPACE.search(data):
         if gz_note:
             raise IngestError(f"{path.name}: {gz_note} and nothing decompressed; re-copy the file")
@@ -187,10 +265,16 @@ def _parse(path: Path, source: Source) -> tuple[dict, list]:
                     f"{path.name}: not valid JSON ({first}) and no complete trace event could be salvaged; "
                     "check that this is a Chrome/Kineto trace"
                 ) from None
-            doc, cut = got
-            where = f"decompressed byte {cut}" if gz_note else f"byte {cut}"
-            notes.append(f"truncated trace: JSON breaks at byte {getattr(first, 'pos', '?')} of {n_bytes}; "
-                         f"kept the complete events up to {where}")
+            if len(got) == 3:  # damaged inside the array, read event by event
+                doc, _, drops = got
+                note = drops.note("decompressed byte" if gz_note else "byte")
+                if note:
+                    notes.append(note)
+            else:
+                doc, cut = got
+                where = f"decompressed byte {cut}" if gz_note else f"byte {cut}"
+                notes.append(f"truncated trace: JSON breaks at byte {getattr(first, 'pos', '?')} of {n_bytes}; "
+                             f"kept the complete events up to {where}")
     if isinstance(doc, list):
         # Chrome's bare array form: the elements must look like trace events.
         probe = [e for e in doc[:200] if isinstance(e, dict)]
@@ -390,13 +474,18 @@ _COLL_ATTRS = list(_ARG_KEYS)[list(_ARG_KEYS).index("coll_name") :]
 if msgspec is not None:
     from typing import Any, Union
 
+    # Fields the tables read are scalars: an event with a list or object there is not msgspec's (the chunk goes to
+    # the dict reader, which nulls such values; deeply nested ones would take polars minutes to look at).
+    _Scalar = Union[str, int, float, bool, None]
     _Args = msgspec.defstruct(
-        "_Args", [(a, Any, msgspec.field(default=None, name=k)) for a, k in _ARG_KEYS.items()], gc=False
+        "_Args", [(a, Any if a in _COLL_ATTRS else _Scalar, msgspec.field(default=None, name=k))
+                  for a, k in _ARG_KEYS.items()], gc=False
     )
     _Event = msgspec.defstruct(
         "_Event",
-        [("ph", Any, None), ("cat", Any, None), ("name", Any, None), ("pid", Any, None), ("tid", Any, None),
-         ("ts", Any, None), ("dur", Any, 0), ("id", Any, None), ("args", Union[_Args, None], None)],
+        [("ph", _Scalar, None), ("cat", _Scalar, None), ("name", _Scalar, None), ("pid", _Scalar, None),
+         ("tid", _Scalar, None), ("ts", _Scalar, None), ("dur", _Scalar, 0), ("id", _Scalar, None),
+         ("args", Union[_Args, None], None)],
         gc=False,  # plain values only, no cycles: not tracked, cheaper to make and free
     )
     _DECODER = msgspec.json.Decoder(list[_Event])
@@ -497,6 +586,7 @@ class _Acc:
         self.ctrl = 0  # raw control characters escaped
         self.be: list = []  # B/E events (orjson path only)
         self.scanner = None  # the compiled scanner's rows since the last flush
+        self.drops = _Drops()  # damaged events left out (chunked paths)
 
     # One chunk: lists of field values, in file order, starting at event index i0.
     def add_columns(self, i0: int, c: dict, args_of, idx: list | None = None) -> None:
@@ -662,6 +752,9 @@ class _Acc:
         for attr in ("device", "stream", "correlation", "ext", "ext2", "nbytes", "sync_kind", "wait_event", "event"):
             key = _ARG_KEYS[attr]
             c[attr] = [g(x, key) for x in a]
+        for k, col in c.items():  # a list or object where a scalar belongs: null, as msgspec's path has it
+            if any(type(v) in (list, dict) for v in col):
+                c[k] = [None if type(v) in (list, dict) else v for v in col]
         self.add_columns(i0, c, lambda j: a[j], idx)
 
     def finish_be(self) -> None:
@@ -976,9 +1069,10 @@ def _blocks(path: Path, notes: list, size: int | None = None):
                 yield block
 
 
-def _decode_chunk(buf: bytearray, end: int, acc: _Acc, i0: int) -> int:
-    """Decode buf[:end], a JSON list of whole events, into acc; returns the number of events. No copy of the text
-    is made unless it holds raw control characters."""
+def _decode_chunk(buf: bytearray, end: int, acc: _Acc, i0: int) -> int | None:
+    """Decode buf[:end], a JSON list of whole events, into acc; returns the number of events, or None when the bytes
+    are not valid JSON (nothing is kept then: _decode_region cuts them smaller). No copy of the text is made unless
+    it holds raw control characters or values msgspec's structs do not take."""
     if _USE_KSCAN:
         got = acc.feed(buf, end, 0, False, i0)
         if got is not None:  # else a value or form the scanner leaves to msgspec
@@ -988,23 +1082,128 @@ def _decode_chunk(buf: bytearray, end: int, acc: _Acc, i0: int) -> int:
     part = mv[:end]
     try:
         evs = _DECODER.decode(part)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # RecursionError: nesting deeper than msgspec goes
         evs = None
     finally:
         part.release()
         mv.release()
     if evs is None:
         chunk = bytes(buf[:end])
-        if not _CTRL.search(chunk):
-            raise _Fallback("chunk does not decode")
-        chunk, n = _escape_ctrl(chunk)
-        acc.ctrl += n
-        try:
-            evs = _DECODER.decode(chunk)
-        except msgspec.DecodeError:
-            raise _Fallback("chunk does not decode") from None
+        n_ctrl = 0
+        if _CTRL.search(chunk):
+            chunk, n_ctrl = _escape_ctrl(chunk)
+            try:
+                evs = _DECODER.decode(chunk)
+            except (msgspec.DecodeError, RecursionError):
+                pass
+        if evs is None:
+            # Valid JSON that msgspec's structs refuse (args a list or a string, a field an object): read as dicts,
+            # as the whole-document parser would.
+            try:
+                dicts = orjson.loads(chunk)
+            except orjson.JSONDecodeError:
+                return None
+            if not isinstance(dicts, list):
+                return None
+            if any(type(e) is dict and e.get("ph") in ("B", "E") for e in dicts):
+                raise _Fallback("B/E events")
+            acc.ctrl += n_ctrl
+            acc.add_dicts(i0, dicts)
+            return len(dicts)
+        acc.ctrl += n_ctrl
     acc.add_structs(i0, evs)
     return len(evs)
+
+
+_SURROGATE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _lenient(piece: bytes, acc: _Acc) -> list | None:
+    """One damaged event's bytes, read the forgiving way: bytes that are no UTF-8 replaced, integers beyond 64 bits
+    and NaN taken (the standard library's parser). None when it still is not JSON."""
+    piece, n_ctrl = _escape_ctrl(piece)
+    # Lone surrogate escapes (\ud800 without its pair) would make strings that cannot be stored: U+FFFD instead.
+    piece = _SURROGATE.sub(lambda m: m.group(0) if len(m.group(0)) == 12 else b"\\ufffd", piece)
+    try:
+        got = json.loads(b"[" + piece.decode("utf-8", "replace").encode() + b"]")
+    except (ValueError, RecursionError):
+        return None
+    if any(type(e) is dict and e.get("ph") in ("B", "E") for e in got):
+        raise _Fallback("B/E events")
+    acc.ctrl += n_ctrl
+    return got
+
+
+class _Drops:
+    """Damaged stretches of the event array left out: (first byte, end byte, events in them, JSON error)."""
+
+    def __init__(self):
+        self.spans: list[tuple[int, int, int]] = []
+
+    def note(self, where: str) -> str | None:
+        if not self.spans:
+            return None
+        n = sum(k for _, _, k in self.spans)
+        shown = ", ".join(f"{a}-{b}" for a, b, _ in self.spans[:5])
+        more = f" and {len(self.spans) - 5} more" if len(self.spans) > 5 else ""
+        regions = f"{len(self.spans)} damaged region{'s' if len(self.spans) > 1 else ''}"
+        return (f"damaged trace: dropped {n} event{'s that do' if n > 1 else ' that does'} not parse, in {regions} at "
+                f"{where} {shown}{more}; every other event kept")
+
+
+def _decode_region(region, base: int, acc: _Acc, i0: int, sep: bytes, comma: int, tried: bool = False) -> int:
+    """The events of region (whole events and the commas between them, no brackets; its first byte at offset base of
+    the decompressed file), into acc from event index i0; returns how many were kept. Region by region at once where
+    it decodes; else it is cut at the event separators and halved until each damaged event stands alone, and only
+    those are dropped (noted in drops), so that one bad byte costs the events around it, not the file."""
+    if not tried:
+        buf = bytearray(b"[") + region + b"]"
+        got = _decode_chunk(buf, len(buf), acc, i0)
+        if got is not None:
+            return got
+    data = bytes(region)
+    drops = acc.drops
+    starts = [0]
+    ends = []
+    pos = data.find(sep)
+    while pos >= 0:
+        ends.append(pos + comma)
+        starts.append(pos + comma + 1)
+        pos = data.find(sep, pos + comma + 1)
+    ends.append(len(data))
+    n = 0
+
+    def one(i: int, j: int, tried: bool) -> None:
+        nonlocal n
+        if not tried:
+            b = bytearray(b"[") + data[starts[i] : ends[j - 1]] + b"]"
+            got = _decode_chunk(b, len(b), acc, i0 + n)
+            if got is not None:
+                n += got
+                return
+        if j - i > 1:
+            mid = (i + j) // 2
+            one(i, mid, False)
+            one(mid, j, False)
+            return
+        piece = data[starts[i] : ends[i]]
+        evs = _lenient(piece, acc)
+        if evs is not None:
+            acc.add_dicts(i0 + n, evs)
+            n += len(evs)
+            return
+        if not piece.strip():
+            return
+        lost = max(1, piece.count(b'"ph"'))
+        a, b = base + starts[i], base + ends[i]
+        if drops.spans and drops.spans[-1][1] + 1 >= a:  # the next event along: one region
+            a0, _, k = drops.spans.pop()
+            drops.spans.append((a0, b, k + lost))
+        else:
+            drops.spans.append((a, b, lost))
+
+    one(0, len(starts), True)
+    return n
 
 
 def _salvage_header(prefix: bytes, suffix: bytes) -> dict:
@@ -1046,7 +1245,7 @@ def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
     sep, arr_end = layout
     comma = sep.index(b",")
     start = m.start(1) - 1  # the "[" of the array
-    prefix = bytes(buf[: start + 1])  # the header up to and including "["
+    prefix = bytes(buf[: start + 1]).removeprefix(_BOM)  # the header up to and including "["
     del buf[:start]  # buf now starts at "[" (a bytearray drops its front without copying)
     offset = start  # decompressed byte offset of buf[0]
     acc = _Acc()
@@ -1058,7 +1257,8 @@ def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
             # comma's place, now at the front, becomes the next chunk's "[".
             end = cut + comma
             buf[end] = 0x5D
-            n += _decode_chunk(buf, end + 1, acc, n)
+            got = _decode_chunk(buf, end + 1, acc, n)
+            n += got if got is not None else _decode_region(buf[1:end], offset + 1, acc, n, sep, comma, True)
             offset += end
             del buf[:end]
             buf[0] = 0x5B
@@ -1070,11 +1270,14 @@ def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
     m = arr_end.search(carry)
     if m:
         close = m.end() - 1  # the array's "]"
-        n += _decode_chunk(carry, close + 1, acc, n)
+        got = _decode_chunk(carry, close + 1, acc, n)
+        n += got if got is not None else _decode_region(carry[1:close], offset + 1, acc, n, sep, comma, True)
         header = _header(prefix, bytes(carry[m.end() :]), offset + len(carry), None, notes)
     else:
+        if n == 0 and not acc.drops.spans:  # not one separator nor the array's end: a layout other than guessed
+            raise _Fallback("layout not as guessed")
         header = _header(prefix, None, offset + len(carry), offset, notes)
-    return _finish(header, acc, notes, source)
+    return _finish(header, acc, notes, source, "decompressed byte" if _gzipped(path) else "byte")
 
 
 def _header(prefix: bytes, suffix: bytes | None, size: int, kept_to: int | None, notes: list) -> dict:
@@ -1097,10 +1300,13 @@ def _header(prefix: bytes, suffix: bytes | None, size: int, kept_to: int | None,
     return header
 
 
-def _finish(header, acc: _Acc, notes: list, source: Source) -> tuple[dict, _Acc]:
+def _finish(header, acc: _Acc, notes: list, source: Source, where: str = "byte") -> tuple[dict, _Acc]:
     if not isinstance(header, dict):
         raise _Fallback("header is not an object")
     acc.flush()
+    dropped = acc.drops.note(where)
+    if dropped:
+        notes.insert(0, dropped)
     header.pop("traceEvents", None)
     if acc.ctrl:
         source.meta["control_chars_escaped"] = acc.ctrl
@@ -1136,7 +1342,7 @@ def _scan_mapped(mm, size: int, source: Source) -> tuple[dict, _Acc]:
         raise _Fallback("one event, or an unknown layout")
     sep, arr_end = layout
     comma = sep.index(b",")
-    prefix = mm[: m.start(1)]  # the header up to and including "["
+    prefix = mm[: m.start(1)].removeprefix(_BOM)  # the header up to and including "["
     pos = m.start(1)  # the first event (after whitespace)
     acc = _Acc()
     notes: list[str] = []
@@ -1148,7 +1354,8 @@ def _scan_mapped(mm, size: int, source: Source) -> tuple[dict, _Acc]:
         got = acc.feed(mm, hi, lo, True, n)
         if got is None:  # declined: msgspec's path, on a copy made a JSON list
             buf = bytearray(b"[") + mm[lo:hi] + b"]"
-            return _decode_chunk(buf, len(buf), acc, n)
+            got = _decode_chunk(buf, len(buf), acc, n)
+            return got if got is not None else _decode_region(mm[lo:hi], lo, acc, n, sep, comma, True)
         first, last = lo - lo % page, hi - hi % page  # whole pages only
         if hasattr(mm, "madvise") and last > first:  # let go of the pages scanned (the file keeps them)
             mm.madvise(mmap.MADV_DONTNEED, first, last - first)
@@ -1169,6 +1376,8 @@ def _scan_mapped(mm, size: int, source: Source) -> tuple[dict, _Acc]:
     else:  # broken off: the complete events up to the last separator
         cut = mm.rfind(sep, pos)
         kept = pos - 1
+        if cut < 0 and n == 0 and not acc.drops.spans:  # not one separator nor the array's end: another layout
+            raise _Fallback("layout not as guessed")
         if cut >= 0:
             n += take(pos, cut + comma)
             kept = cut + comma
@@ -1309,6 +1518,11 @@ def _read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
         note = "MTIA trace: runtime calls imported; device events (mtia_ccp_events) are not imported as kernels"
         source.detail = f"{source.detail}; {note}" if source.detail else note
     if kernels is None and host is None and runtime is None:
+        if source.status == "partial" and acc.n_events == 0 and acc.drops.spans:
+            raise IngestError(
+                f"{path.name}: no trace event parses ({source.detail}); re-export the trace, or copy it again if the "
+                "file was damaged in transfer"
+            )
         if source.status == "partial" and acc.n_events == 0:
             # cut off before its first complete event: nothing was salvaged, so nothing can be analysed
             raise IngestError(

@@ -17,6 +17,7 @@ searched anywhere in the line. NCCL >= 2.26 may print `[date time] host [dev]` w
 from __future__ import annotations
 
 import codecs
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -704,7 +705,17 @@ class _Process:
 def _events_frame(rows: list[dict]) -> pl.DataFrame:
     schema = SCHEMAS["nccl_events"]
     cols = {c: [r.get(c) for r in rows] for c in schema}
-    return pl.DataFrame(cols, schema=schema)
+    return _frame(cols, schema)
+
+
+def _frame(cols: dict, schema) -> pl.DataFrame:
+    """The columns as a frame; a number read from a damaged line that no integer column can hold becomes null."""
+    try:
+        return pl.DataFrame(cols, schema=schema)
+    except (TypeError, OverflowError, pl.exceptions.PolarsError):
+        fit = {c: [v if type(v) is not int or -(1 << 31) <= v < (1 << 31) or schema[c] == pl.Int64 and
+                   -(1 << 63) <= v < (1 << 63) else None for v in vals] for c, vals in cols.items()}
+        return pl.DataFrame(fit, schema=schema, strict=False)
 
 
 _BLOCK = 1 << 20  # bytes read at a time: lines are cut once per block, never the whole file held
@@ -981,7 +992,10 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
         ev["rank"] = resolve_rank(ev["rank"], ev.pop("_hp"), ev.pop("_pg_rank"), ev["pg_name"])
         for k in ("_trail", "_code"):
             ev.pop(k)
-        ev["detail"] = orjson.dumps(detail, default=str).decode()
+        try:
+            ev["detail"] = orjson.dumps(detail, default=str).decode()
+        except TypeError:  # an integer beyond 64 bits in the log line: the standard library writes it
+            ev["detail"] = json.dumps(detail, default=str)
         ev_rows.append(ev)
 
     comm_rows = []
@@ -1017,7 +1031,7 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
             "transports": "[]", "detail": orjson.dumps(detail).decode(),
         })
     schema = SCHEMAS["nccl_comms"]
-    comms_df = pl.DataFrame({c: [r.get(c) for r in comm_rows] for c in schema}, schema=schema)
+    comms_df = _frame({c: [r.get(c) for r in comm_rows] for c in schema}, schema)
     events_df = _events_frame(ev_rows)
     ranks = sorted({r for r in events_df["rank"].to_list() + comms_df["rank"].to_list() if r is not None})
     if source.rank is None and len(ranks) == 1:

@@ -79,10 +79,14 @@ class _Db:
         uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro"
         try:
             self.con = sqlite3.connect(uri, uri=True, timeout=0.5, check_same_thread=False)
+            # Text that is not UTF-8 (a damaged or hand-edited export) reads with U+FFFD, not as an exception.
+            self.con.text_factory = lambda b: b.decode("utf-8", "replace")
             self.con.execute("PRAGMA query_only = 1")
             self.tables = {r[0] for r in self.con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         except sqlite3.DatabaseError as e:
             raise IngestError(_db_error(path, e)) from None
+        except UnicodeDecodeError:  # SQLite's own message quoted bytes of a damaged schema that are not UTF-8
+            raise IngestError(_db_error(path, sqlite3.DatabaseError("database disk image is malformed"))) from None
         self._cols: dict[str, set[str]] = {}
         self.fast = None
         adbc = _adbc() if os.environ.get(READER_ENV, "") != "sqlite3" else None
@@ -121,7 +125,7 @@ class _Db:
                 rows = cur.fetchmany(500_000)
                 if not rows:
                     break
-                out.append(pl.DataFrame(rows, schema=schema, orient="row"))
+                out.append(_rows_frame(rows, schema))
         except sqlite3.DatabaseError as e:
             raise IngestError(_db_error(self.path, e)) from None
         return pl.concat(out) if out else pl.DataFrame(schema=schema)
@@ -139,13 +143,33 @@ class _Db:
         self.con.close()
 
     def enum(self, table: str) -> dict[int, str]:
-        if not self.has(table):
+        if not self.has(table) or not {"id", "name"} <= self.cols(table):
             return {}
-        return {i: n for i, n in self.con.execute(f'SELECT id, name FROM "{table}"') if n is not None}
+        return {i: str(n) for i, n in self.con.execute(f'SELECT id, name FROM "{table}"')
+                if n is not None and type(i) is int}
+
+
+def _rows_frame(rows: list[tuple], schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """sqlite3's rows as a frame. SQLite columns hold any type in any row: a value that does not fit its column (text
+    or a blob where an id belongs, an integer beyond int64, a float with a fraction) reads as null."""
+    try:
+        return pl.DataFrame(rows, schema=schema, orient="row")
+    except (pl.exceptions.PolarsError, TypeError, OverflowError, ValueError):
+        pass
+    cols = list(zip(*rows)) if rows else [() for _ in schema]
+    out = {}
+    for (name, dtype), vals in zip(schema.items(), cols):
+        if dtype == pl.Utf8:
+            vals = [v if v is None or type(v) is str else None for v in vals]
+        else:
+            vals = [v if type(v) is int and -(1 << 63) <= v < (1 << 63)
+                    else int(v) if type(v) is float and v.is_integer() and abs(v) < 9e18 else None for v in vals]
+        out[name] = pl.Series(name, vals, dtype=dtype, strict=False)
+    return pl.DataFrame(out)
 
 
 def _db_error(path: Path, e: Exception) -> str:
-    msg = str(e)
+    msg = " ".join(str(e).split())  # one line, whatever SQLite says
     low = msg.lower()
     if "not a database" in low or "file is encrypted" in low:
         return f"{path.name}: not an SQLite database (SQLite says: {msg}); export the report with nsys export --type sqlite"
@@ -378,6 +402,7 @@ def _nest(ops: pl.DataFrame) -> pl.DataFrame:
     (thread index in the high bits), a range's depth is the number of ranges started before it minus the number
     ended at or before its start: two sorted arrays and a binary search, no per-row loop.
     """
+    ops = ops.filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null())  # a range without times: no place
     if not ops.height:
         return ops.with_columns(pl.lit(None, dtype=pl.Int64).alias(c) for c in ("id", "parent")).with_columns(
             pl.lit(None, dtype=pl.Int32).alias("depth"))
@@ -460,9 +485,11 @@ def _collectives(host_ops: pl.DataFrame, runtime: pl.DataFrame, kernels: pl.Data
 
 
 def _meta_rows(db: _Db, table: str) -> list[tuple[str, str]]:
-    if not db.has(table):
+    """(name, value) rows of a metadata table, both as text; a table without those columns holds none."""
+    if not db.has(table) or not {"name", "value"} <= db.cols(table):
         return []
-    return [(n, v) for n, v in db.con.execute(f'SELECT name, value FROM "{table}"') if n is not None]
+    return [(str(n), None if v is None else str(v))
+            for n, v in db.con.execute(f'SELECT name, value FROM "{table}"') if n is not None]
 
 
 def _versions(db: _Db) -> dict:
@@ -486,16 +513,22 @@ def _time_shift(db: _Db, meta: dict, kernels: pl.DataFrame, runtime: pl.DataFram
     if not db.has("ANALYSIS_DETAILS"):
         meta["time_base"] = "as exported (no ANALYSIS_DETAILS)"
         return 0
+    if not {"startTime", "duration"} <= db.cols("ANALYSIS_DETAILS"):
+        meta["time_base"] = "as exported (ANALYSIS_DETAILS without startTime)"
+        return 0
     row = db.con.execute("SELECT startTime, duration FROM ANALYSIS_DETAILS LIMIT 1").fetchone()
-    if not row or row[0] is None:
+    if not row or type(row[0]) is not int:  # missing, or not a time (a damaged export)
         meta["time_base"] = "as exported"
         return 0
     start, duration = row
+    duration = duration if type(duration) is int else None
     busy = [f for f in (kernels, runtime) if f.height]
-    lo = min(f["ts"].min() for f in busy) if busy else None
-    hi = max(f["end"].max() for f in busy) if busy else None
+    lows = [v for f in busy if (v := f["ts"].min()) is not None]
+    highs = [v for f in busy if (v := f["end"].max()) is not None]
+    lo = min(lows) if lows else None
+    hi = max(highs) if highs else None
     relative = lo is not None and lo < start  # impossible on the target clock: events before the session began
-    if not relative and lo is not None and _version_tuple(meta.get("nsys_version")) >= (2026, 1):
+    if not relative and lo is not None and hi is not None and _version_tuple(meta.get("nsys_version")) >= (2026, 1):
         relative = hi <= (duration or 0)
     if relative:
         meta["time_base"] = "session-relative (nsys 2026.1+); shifted by ANALYSIS_DETAILS.startTime"
@@ -546,8 +579,58 @@ def _assign_ranks(db: _Db, source, pids: pl.DataFrame) -> tuple[pl.DataFrame, st
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _captured_values(path: Path) -> list[str]:
+    """The values an export recorded about its environment (environment variables, target system facts, host names):
+    what no message may repeat. Longest first, so that a value inside another is not half-redacted."""
+    out: set[str] = set()
+    try:
+        con = sqlite3.connect(f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro", uri=True, timeout=0.5)
+        con.text_factory = lambda b: b.decode("utf-8", "replace")
+        try:
+            tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            for t in tables:
+                up = t.upper()
+                if "ENV" not in up and "META_DATA" not in up and "EXPORT_META" not in up:
+                    continue
+                try:
+                    rows = con.execute(f'SELECT * FROM "{t}"').fetchall()
+                except (sqlite3.Error, ValueError):  # a damaged table: the others are still read
+                    continue
+                for row in rows:
+                    for v in row:
+                        if isinstance(v, str):
+                            out.add(v)
+                            if "=" in v:
+                                out.add(v.split("=", 1)[1].strip().strip('"'))
+        finally:
+            con.close()
+    except (sqlite3.Error, OSError, ValueError):
+        pass
+    return sorted((v for v in out if len(v) >= 3), key=len, reverse=True)
+
+
+def _redact(msg: str, path: Path) -> str:
+    for v in _captured_values(path):
+        if v in msg:
+            msg = msg.replace(v, "<redacted>")
+    # polars quotes the value it could not take: it came from the export, so it is not repeated either
+    return re.sub(r"could not append value: .*? of type", "could not append value: <value> of type", msg)
+
+
 def read(path: Path, source) -> dict[str, pl.DataFrame]:
+    """The export's tables. Messages never repeat what the export recorded about its environment (see _redact)."""
     path = Path(path)
+    try:
+        return _read(path, source)
+    except IngestError as e:
+        raise IngestError(_redact(str(e), path)) from None
+    except sqlite3.DatabaseError as e:  # damage SQLite finds only when a page is read
+        raise IngestError(_redact(_db_error(path, e), path)) from None
+    except Exception as e:  # an importer bug: reported as one, without the values it may quote
+        raise RuntimeError(f"{type(e).__name__}: {_redact(str(e), path)}").with_traceback(e.__traceback__) from None
+
+
+def _read(path: Path, source) -> dict[str, pl.DataFrame]:
     db = _Db(path)
     try:
         if not any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in db.tables) and not db.has("StringIds"):

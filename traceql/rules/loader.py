@@ -214,7 +214,7 @@ def load_yaml(path: Path, what: str = "rule file", max_bytes: int = MAX_RULE_BYT
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        problem = str(getattr(e, "problem", None) or e).splitlines()[0]
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())  # one line, whatever PyYAML says
         raise RuleError(f"{path}: not valid YAML{where}: {problem}") from None
     except RecursionError:
         raise RuleError(f"{path}: YAML nested too deeply; a rule file is one small mapping") from None
