@@ -1369,6 +1369,12 @@ def _scan_mapped(mm, size: int, source: Source) -> tuple[dict, _Acc]:
                 break
         n += take(pos, cut + comma)
         pos = cut + comma + 1
+    # The events up to the last separator first, as the block-by-block reader takes them: the array's end is then
+    # looked for only after it (a damaged file can hold a stray copy of it earlier).
+    cut = mm.rfind(sep, pos)
+    if cut >= 0:
+        n += take(pos, cut + comma)
+        pos = cut + comma + 1
     m = arr_end.search(mm, pos)
     if m:
         n += take(pos, m.end() - 1)
