@@ -77,11 +77,17 @@ def host_syncs(run: Run) -> pl.DataFrame:
 
     calls = ensure(run, "blocking_calls").filter(pl.col("step").is_not_null())
     calls = calls.with_columns(pl.col("host_op").str.replace(r": \d+/\d+$", "").alias("region"))
-    return (
+    # warm-up steps (CUDA modules loaded, a first step many times the others: model.to(device) copies, lazy init)
+    # say how the process started, not how it trains: rules judge the other steps
+    warm = ensure(run, "warmup_steps").select("rank", pl.col("step").cast(pl.Int64)).unique()
+    out = (
         calls.group_by(["rank", "step", "call", "host_op", "region"])
         .agg(pl.len().alias("n"), pl.col("blocked_ms").sum().alias("blocked_ms"))
         .sort(["rank", "step", "blocked_ms"], descending=[False, False, True])
     )
+    warm = warm.with_columns(pl.col("rank").cast(out.schema["rank"]), pl.col("step").cast(out.schema["step"]),
+                             pl.lit(True).alias("warmup"))
+    return out.join(warm, on=["rank", "step"], how="left").with_columns(pl.col("warmup").fill_null(False))
 
 
 DERIVED = {"blocking_calls": blocking_calls, "host_syncs": host_syncs}
