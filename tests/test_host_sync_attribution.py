@@ -7,7 +7,6 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-import polars as pl
 import pytest
 
 from traceql import link, pipeline
