@@ -406,7 +406,17 @@ def _findings(result: CheckResult, root: Path) -> str:
     out = ["<section id=findings><h2>Findings</h2>"]
     rules = {r.rule.id: r.rule for r in result.results}
     if not result.findings:
-        out.append("<p class=ok>No findings.</p>")
+        # the text report's sentence: "No findings" only where every rule ran, else what did not run
+        from rich.text import Text
+
+        from traceql.report.text import _no_findings
+
+        ran = sum(1 for r in result.results if r.status == "ran")
+        errored = sum(1 for r in result.results if r.status == "error")
+        sentence = Text.from_markup(_no_findings(ran, len(result.results) - ran - errored, errored,
+                                                 bool(result.run.ranks))).plain
+        clean = sentence.startswith("No findings")
+        out.append(f"<p class={'ok' if clean else 'warn'}>{_html.escape(sentence)}</p>")
     by_rule: dict[str, list] = defaultdict(list)
     for f in result.findings:
         by_rule[f.rule].append(f)
@@ -496,7 +506,7 @@ table.kv th{color:#555;font-weight:600;padding-right:16px}
 .sev{display:inline-block;padding:0 6px;border-radius:3px;color:#fff;font-size:12px}
 .sev.error{background:#c0392b}.sev.warning{background:#d68910}.sev.info{background:#2e86c1}
 .st-error td{color:#c0392b}.st-skipped td{color:#888}.st-partial td{color:#b9770e}
-.note{color:#555}.ok{color:#1e8449}.notes{color:#555}
+.note{color:#555}.ok{color:#1e8449}.warn{color:#b9770e}.notes{color:#555}
 .sw{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;vertical-align:middle}
 .scroll{overflow-x:auto}svg text{font:11px system-ui,sans-serif;fill:#333}svg text.rk{font-weight:600}
 svg text.ln{fill:#666;font-size:10px}svg text.tk{fill:#666;font-size:10px}svg text.mk{font-size:10px;fill:#a04000}
