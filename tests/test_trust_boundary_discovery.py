@@ -229,3 +229,17 @@ def test_a_link_not_followed_is_named_without_verbose(tmp_path):
     res = CliRunner().invoke(_main, ["check", str(run), "-q", "--no-cache", "--select", "TQL1"])
     lines = [ln for ln in res.output.splitlines() if "rank1.pt.trace.json.gz" in ln]
     assert len(lines) == 1 and "skipped" in lines[0] and "outside the run dir" in lines[0], res.output
+
+
+def test_an_empty_trace_is_named_without_verbose_and_an_empty_log_is_not(tmp_path):
+    from traceql.cli import main as _main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    demo = Path(__file__).resolve().parents[1] / "samples" / "demo"
+    shutil.copy(demo / "rank0.pt.trace.json.gz", run / "rank0.pt.trace.json.gz")
+    (run / "rank1.pt.trace.json").write_bytes(b"")
+    (run / "rank1.stderr.log").write_bytes(b"")
+    res = CliRunner().invoke(_main, ["check", str(run), "-q", "--no-cache", "--select", "TQL1"])
+    shown = [ln for ln in res.output.splitlines() if "empty file" in ln]
+    assert len(shown) == 1 and "rank1.pt.trace.json" in shown[0] and "skipped" in shown[0], res.output

@@ -13,6 +13,8 @@ from traceql.model import Source
 HEAD_BYTES = 64 * 1024
 _SKIP_DIRS = {".git", "__pycache__", ".traceql-cache", "node_modules"}
 # rank-3, rank_3, rank3, RANK3 as a name token; also the ranks of torch's own files (..._rank_3_...).
+# names of the inputs themselves (traces, exports, dumps), as opposed to logs beside them
+_LOOKS_LIKE_INPUT = re.compile(r"\.(?:json|json\.gz|sqlite|nsys-rep|qdrep)$|nccl_trace|torch_trace", re.IGNORECASE)
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d+)(?![0-9])", re.IGNORECASE)
 
 
@@ -52,7 +54,9 @@ def _sniff_file(path: Path, mods) -> list[Source]:
     except OSError as e:
         return [Source(path, "unknown", status="error", detail=f"cannot read: {e.strerror or e}; check permissions")]
     if size == 0:
-        return [Source(path, "unknown", status="skipped", detail="empty file (0 bytes)")]
+        # an empty stdout/stderr log is routine; an empty trace, export or dump is a lost input, said without -v
+        shown = bool(_LOOKS_LIKE_INPUT.search(path.name))
+        return [Source(path, "unknown", status="skipped", detail="empty file (0 bytes)", meta={"shown": shown})]
     kinds = []
     for mod in mods:
         if getattr(mod, "FOLDER", False):
@@ -166,12 +170,12 @@ def discover(run_path: Path) -> list[Source]:
                 if p.is_symlink():
                     if real is None:
                         why = "a symbolic link that loops" if p.exists() or _is_loop(p) else "a broken symbolic link"
-                        sources.append(Source(p, "unknown", status="skipped", detail=f"{why}: not followed", meta={"not_followed": True}))
+                        sources.append(Source(p, "unknown", status="skipped", detail=f"{why}: not followed", meta={"shown": True}))
                         continue
                     if not _inside(real, root):
                         sources.append(Source(p, "unknown", status="skipped", detail=(
                             f"symbolic link to {real}, outside the run dir: not followed (a run dir is untrusted; "
-                            "copy the file into it to analyse it)"), meta={"not_followed": True}))
+                            "copy the file into it to analyse it)"), meta={"shown": True}))
                         continue
                     if real not in seen:
                         links.append(p)

@@ -27,9 +27,9 @@ def render(result: CheckResult, color: bool = False, verbose: bool = False, widt
     root = run.path if run.path.is_dir() else run.path.parent
     ranks = run.ranks
     con.print(f"[bold]traceql check[/] {_t(run.path)}: {len(ranks)} rank(s) {escape(_ranges(ranks))}, {len(run.sources)} source(s)")
-    # links that were not followed stay visible: one may be a trace the user linked in, and it was not read
+    # links not followed and empty traces stay visible: each may be an input the user meant, and it was not read
     quiet_skips = [s for s in run.sources if s.status == "skipped" and s.kind in ("unknown", "manifest")
-                   and not s.meta.get("not_followed")]
+                   and not s.meta.get("shown")]
     for s in run.sources:
         if s.status == "ok" and not verbose and not s.rank_origin.startswith("assumed"):
             continue
