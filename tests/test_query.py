@@ -112,3 +112,9 @@ def test_query_and_diff_text_show_control_characters_as_escapes(tmp_path):
     assert "\\x1b]52" in res.output and "\x1b" not in res.output and "\x07" not in res.output
     d = CliRunner().invoke(main, ["diff", str(demo), str(run), "--no-cache", "-q"])
     assert "\x1b" not in d.output and "\nerror TQL999" not in d.output
+
+
+def test_text_table_shows_list_cells_as_json_and_escapes_text():
+    out = q.render(pl.DataFrame({"ranks": [[0, 1]], "name": ["gemm\x1b[2J"]}), "table")
+    assert "[0,1]" in out and "Series" not in out
+    assert "gemm\\x1b[2J" in out and "\x1b" not in out

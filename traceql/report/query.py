@@ -79,9 +79,10 @@ def render(df: pl.DataFrame, fmt: str, max_rows: int = 200) -> str:
     if fmt == "csv":
         return _plain(df).write_csv()
     # text cells come from the inputs: control characters shown as escapes, so a kernel name cannot drive the terminal
-    df = df.with_columns(pl.col(c).map_elements(visible, return_dtype=pl.Utf8)
-                         for c, t in _plain(df).schema.items() if t == pl.Utf8)
-    with pl.Config(tbl_rows=min(df.height, max_rows), tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=240, tbl_hide_dataframe_shape=True):
-        text = str(_plain(df))
+    shown = _plain(df.head(max_rows))
+    shown = shown.with_columns(pl.col(c).map_elements(visible, return_dtype=pl.Utf8)
+                               for c, t in shown.schema.items() if t == pl.Utf8)
+    with pl.Config(tbl_rows=shown.height, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=240, tbl_hide_dataframe_shape=True):
+        text = str(shown)
     more = f"\n({df.height} rows; first {max_rows} shown; --format csv for all)" if df.height > max_rows else f"\n({df.height} rows)"
     return text + more + "\n"
