@@ -592,6 +592,14 @@ def _continues(piece: str) -> bool:
     return bool(piece.strip()) and _RECORD_START.match(piece) is None and _richness(parse_line(piece))[0] < 2
 
 
+def _completes(joined: str, piece: str, best: tuple) -> bool:
+    """A piece that reads as a fact alone ("...: NCCL error: unhandled system e") still continues a first piece that
+    says nothing alone ("Collective WorkNCCL(SeqNum=2, ... Timeout(m") where the join says more than either."""
+    if not piece.strip() or _RECORD_START.match(piece) is not None:
+        return False
+    return _richness(parse_line(joined + piece.rstrip("\r"))) > max(best, _richness(parse_line(piece)))
+
+
 def rejoin_wrapped(lines: list[str]) -> None:
     """Join wrapped continuations into the line they continue, in place (a joined piece becomes "", so that line
     numbers stay those of the file)."""
@@ -617,7 +625,8 @@ def rejoin_wrapped(lines: list[str]) -> None:
         # a number cut in two ("last completed work: 2" / "1, ..."): the first piece may read as a fact with the wrong
         # value, so the join need only say as much
         digit_cut = first[-1:].isdigit() and lines[i + 1][:1].isdigit()
-        while j < n and j - i <= _JOIN_MAX and (_continues(lines[j]) or (head_cut and j == i + 1)):
+        while j < n and j - i <= _JOIN_MAX and (_continues(lines[j]) or (head_cut and j == i + 1)
+                                                 or (base[0] < 2 and _completes(joined, lines[j], best))):
             joined += lines[j].rstrip("\r")
             r = _richness(parse_line(joined))
             if r[0] >= 2 and (r > best or (digit_cut and j == i + 1 and r >= best)):
