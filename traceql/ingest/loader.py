@@ -97,6 +97,8 @@ def _ingest_one(source: Source, use_cache: bool, limits: budget.Budget | None = 
 
 def _size(s: Source) -> int:
     try:
+        if s.path.is_dir():  # a folder source (TORCH_COMPILE_DEBUG) holds its files' bytes, not zero
+            return budget.estimated_bytes(s.path)
         return s.path.stat().st_size if s.path.is_file() else 0
     except OSError:
         return 0
