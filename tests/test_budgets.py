@@ -263,4 +263,4 @@ def test_sparse_trace_fails_fast_and_the_others_go_on(tmp_path):
     assert "sparse hole" in src["rank0.pt.trace.json"].detail and str(big) in src["rank0.pt.trace.json"].detail
     assert src["rank1.pt.trace.json.gz"].status == "ok"
     # within its budget (60 s + 20 s/GB): a full read of 5 GB took ~16 s and 5 GB of memory; here it is not read
-    assert took < budget.budget_for(src["rank0.pt.trace.json"]).timeout_s
+    assert took < 12  # well under the ~16 s a read of it takes: the hole is refused before any reading

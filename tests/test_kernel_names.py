@@ -141,7 +141,10 @@ def test_polars_and_python_classifiers_agree():
     ("cudaStreamQuery", "other"), ("cudaEventQuery", "other"), ("cudaGetDevice", "other"), ("cudaStreamIsCapturing", "other"),
 ])
 def test_runtime_call_kinds(name, kind):
+    from traceql.ingest.kernel_names import runtime_kind_expr
+
     assert runtime_kind(name) == kind
+    assert pl.select(runtime_kind_expr(pl.lit(name))).item() == kind  # what the Kineto and nsys readers run
 
 
 # ----------------------------------------------------------------------------------------------------------------

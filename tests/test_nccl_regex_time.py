@@ -127,7 +127,7 @@ CASES = {
     "T._MARK/lines": (lambda s: T._MARK.search(s.encode()), "", "V1234 12:00:00.1 1 torch/a\n", ""),
     "T._LINE": (_search(T._LINE), "V1234 12:00:00.1 1 ", "aaaaa", ""),
     "T._LINE/blanks": (_search(T._LINE), "V1234 12:00:00.1", "     ", "1"),
-    "T._RECOMPILING": (T._recompiling, "", "Recompiling function f in ", "x"),
+    "T._RECOMPILING": (lambda s: T._first(T._RECOMPILING, "Recompiling function ", s), "", "Recompiling function f in ", "x"),
     "T._LIMIT": (_search(T._LIMIT), "", "torch._dynamo hit config.", "x"),
     "T._FILE": (_search(T._FILE), "", 'File "', ""),
     "T._FAILURE": (_search(T._FAILURE), "", "     ", "x"),

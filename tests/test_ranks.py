@@ -147,8 +147,7 @@ def test_an_identical_copy_of_a_log_is_a_collision():
 
 def test_torch_trace_whose_records_name_another_rank_than_its_file(tmp_path):
     tt = sorted((FIXTURES / "cpu-divergent-compile").rglob("*torch_trace_rank_0*"))
-    if not tt:
-        pytest.skip("fixture without TORCH_TRACE logs")
+    assert tt, "cpu-divergent-compile lost its TORCH_TRACE logs"
     shutil.copy(tt[0], tmp_path / tt[0].name)
     # the same records under rank 1's file name: the records say rank 0
     shutil.copy(tt[0], tmp_path / tt[0].name.replace("rank_0", "rank_1"))
@@ -169,8 +168,7 @@ def test_no_rank_analysed_is_exit_2(corpus, tmp_path):
     for i, p in enumerate(logs):
         shutil.copy(p, tmp_path / f"job{i}.stderr.txt")
     run = load_run(tmp_path, use_cache=False)
-    if not [s for s in run.sources if s.status == "ok"]:
-        pytest.skip("the corpus stderr logs are not read as TORCH_LOGS")
+    assert [s for s in run.sources if s.status == "ok"], "the corpus stderr logs are no longer read as TORCH_LOGS"
     assert run.ranks == []
     res = check(tmp_path)
     assert res.exit_code == 2, res.output

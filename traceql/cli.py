@@ -92,7 +92,7 @@ def _config_path(run_dir: Path, given: Path | None, trust: bool) -> Path | None:
     inside the run dir that is passed over is named in one line."""
     from traceql.rules.config import find_config, run_config
 
-    inside = run_config(run_dir) if run_dir.is_dir() else None
+    inside = run_config(run_dir)
     if given is not None:
         return given
     if trust and inside is not None:

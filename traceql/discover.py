@@ -93,10 +93,6 @@ def _unrecognised(path: Path, head: bytes) -> str:
             "Recorder dump)")
 
 
-def _inside(p: Path, root: Path) -> bool:
-    return p == root or root in p.parents
-
-
 def _real(p: Path) -> Path | None:
     """The real path of p (symbolic links resolved), or None where the links loop or cannot be followed."""
     try:
@@ -118,7 +114,7 @@ def _link_out(folder: Path, root: Path) -> str | None:
         for p in entries:
             if p.is_symlink():
                 real = _real(p)
-                if real is None or not _inside(real, root):
+                if real is None or not real.is_relative_to(root):
                     return f"{p.relative_to(folder)} -> {real if real is not None else 'a link loop'}"
                 continue
             if p.is_dir() and p not in seen:
@@ -172,7 +168,7 @@ def discover(run_path: Path) -> list[Source]:
                         why = "a symbolic link that loops" if p.exists() or _is_loop(p) else "a broken symbolic link"
                         sources.append(Source(p, "unknown", status="skipped", detail=f"{why}: not followed", meta={"shown": True}))
                         continue
-                    if not _inside(real, root):
+                    if not real.is_relative_to(root):
                         sources.append(Source(p, "unknown", status="skipped", detail=(
                             f"symbolic link to {real}, outside the run dir: not followed (a run dir is untrusted; "
                             "copy the file into it to analyse it)"), meta={"shown": True}))

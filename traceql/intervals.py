@@ -36,14 +36,14 @@ def coverage(sel: pl.DataFrame, against: pl.DataFrame | None, per: list[str]) ->
     per = _keys(per)
     # only the columns the sweep reads: filtering wide frames (kernel names) costs more than the sweep
     sel = _clean(sel.select(*per, "ts", "end"), per)
-    a = _union_ns(sel, per).rename({"_u": "_a"})
+    a = union_ns(sel, per).rename({"_u": "_a"})
     out = a.with_columns(pl.lit(0, pl.Int64).alias("_b"), pl.lit(0, pl.Int64).alias("_i"))
     if against is not None:
         against = _clean(against.select(*per, "ts", "end"), per)
         # cast keys to the selection's dtypes so the two sides concatenate
         against = against.with_columns([pl.col(k).cast(sel.schema[k]) for k in per])
-        b = _union_ns(against, per).select(*per, pl.col("_u").alias("_b"))
-        both = _union_ns(pl.concat([sel, against], how="vertical"), per).select(*per, pl.col("_u").alias("_ab"))
+        b = union_ns(against, per).select(*per, pl.col("_u").alias("_b"))
+        both = union_ns(pl.concat([sel, against], how="vertical"), per).select(*per, pl.col("_u").alias("_ab"))
         out = a.join(b, on=per, how="left", nulls_equal=True).join(both, on=per, how="left", nulls_equal=True)
         out = out.with_columns(pl.col("_b").fill_null(0)).with_columns((pl.col("_a") + pl.col("_b") - pl.col("_ab")).alias("_i"))
     out = out.select(
@@ -56,7 +56,7 @@ def coverage(sel: pl.DataFrame, against: pl.DataFrame | None, per: list[str]) ->
     ).sort(per)
 
 
-def _union_ns(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
+def union_ns(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
     """per, _u (busy ns of the union of the group's intervals), _n (how many) for clean intervals.
 
     One stable sort by group and start; each interval adds what reaches past the furthest end before it (the
@@ -72,7 +72,7 @@ def _union_ns(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
 def union(sel: pl.DataFrame, per: list[str]) -> pl.DataFrame:
     """Busy time of the union of the intervals per group, and how many there are."""
     per = _keys(per)
-    out = _union_ns(_clean(sel.select(*per, "ts", "end"), per), per)
+    out = union_ns(_clean(sel.select(*per, "ts", "end"), per), per)
     return out.select(*per, (pl.col("_u") / NS_PER_MS).alias("union_ms"), pl.col("_n").alias("n")).sort(per)
 
 

@@ -63,6 +63,7 @@ class Budget:
     timeout_s: float | None  # None: no limit
     max_bytes: int | None
     slack: int = AS_SLACK
+    est: int = 0  # estimated_bytes of the source, which the budget was scaled by (the pool reads largest first)
 
     def time_reason(self, path: Path) -> str:
         return (f"{path}: reading stopped after its time budget of {self.timeout_s:g} s; raise it with "
@@ -127,7 +128,7 @@ def budget_for(source: Source) -> Budget:
         ram = _ram_bytes()
         if ram:
             mem = min(mem, int(ram * 0.8))
-    return Budget(timeout, mem, AS_SLACK)
+    return Budget(timeout, mem, AS_SLACK, est)
 
 
 IN_PROCESS_MAX_BYTES = 2 << 20
@@ -434,7 +435,7 @@ class Pool:
         """Yield (source, tables) for every task, each read under its budget. Largest first: better packing."""
         from multiprocessing.connection import wait
 
-        pending = sorted(tasks, key=lambda t: -estimated_bytes(t[0].path))
+        pending = sorted(tasks, key=lambda t: -t[2].est)
         threads = "1" if workers > 1 else None
         self.max_spawn = self.spawned + len(pending) + workers + 3
         ws = self._take(min(workers, len(pending)), threads)

@@ -42,13 +42,13 @@ def cache_dir() -> Path:
     return Path(base) / "traceql"
 
 
-def _hash_path(path: Path) -> str:
+def hash_path(path: Path) -> str:
     h = hashlib.blake2b(digest_size=16)
     if path.is_dir():
         for p in sorted(path.rglob("*")):
             if p.is_file():
                 h.update(str(p.relative_to(path)).encode())
-                h.update(_hash_path(p).encode())
+                h.update(hash_path(p).encode())
         return h.hexdigest()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
@@ -70,7 +70,7 @@ def digest(source: Source) -> str:
         except OSError:
             content = None
     if content is None:
-        content = _hash_path(source.path)
+        content = hash_path(source.path)
         try:
             index.mkdir(parents=True, exist_ok=True)
             idx.write_text(content)

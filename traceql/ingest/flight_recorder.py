@@ -17,7 +17,6 @@ import io
 import math
 import pickle
 import re
-import struct
 from pathlib import Path
 
 import orjson
@@ -324,7 +323,7 @@ def _numel(sizes) -> int | None:
             total += math.prod(int(x) for x in s)
         except (TypeError, ValueError, OverflowError):  # a size that is not a number: unknown
             return None
-    return total if -(1 << 63) <= total < (1 << 63) else None
+    return _int64(total)
 
 
 def _op(profiling_name: str | None) -> tuple[str | None, str | None]:
@@ -338,19 +337,24 @@ def _op(profiling_name: str | None) -> tuple[str | None, str | None]:
     return backend, canonical_collective(op)
 
 
+def _int64(v: int) -> int | None:
+    """v where an int64 column can hold it, else None (unknown: a damaged dump's number, not an error)."""
+    return v if -(1 << 63) <= v < (1 << 63) else None
+
+
 def _i(v) -> int | None:
     """An int from the dump (JSON dumps write some counters as strings)."""
     if isinstance(v, bool) or v is None:
         return None
     if isinstance(v, int):
-        return v if -(1 << 63) <= v < (1 << 63) else None  # beyond int64: no column can hold it
+        return _int64(v)
     if not isinstance(v, str | float):
         return None
     try:
         n = int(v) if isinstance(v, float) else int(str(v))
     except (ValueError, OverflowError):
         return None
-    return n if -(1 << 63) <= n < (1 << 63) else None
+    return _int64(n)
 
 
 def _pg_cfg(pg_config: dict, pg_name: str, pg_desc: str) -> dict:
@@ -423,8 +427,8 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
     schema = SCHEMAS["collectives"]
     for r in rows:  # sums and products of a damaged dump's numbers can leave int64: unknown, not an error
         for c, v in r.items():
-            if type(v) is int and not -(1 << 63) <= v < (1 << 63):
-                r[c] = None
+            if type(v) is int:
+                r[c] = _int64(v)
     df = pl.DataFrame({c: [r.get(c) for r in rows] for c in schema}, schema=schema)
     # pg_status: where each process group stood when the dump was taken.
     ev = []

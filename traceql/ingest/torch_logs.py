@@ -39,7 +39,7 @@ _LINE_OLD = re.compile(
     r"^(?:\[rank(?P<rank>\d++)\]:)?\[(?P<md>\d{4}-\d\d-\d\d) (?P<t>\d\d:\d\d:\d\d,\d++)\] (?:\[(?P<cid>!?[\d/]++)\] )?"
     r"(?P<loc>torch\.[\w\.]+?)(?:\.(?P<art>__\w++))?: \[(?P<lvl>[A-Z]++)\] (?P<text>.*)$"
 )
-# Matched once, where the phrase first occurs (_recompiling): searched, "(.+):" would be retried from every
+# Matched once, where the phrase first occurs (_first): searched, "(.+):" would be retried from every
 # occurrence of the phrase, quadratic on a line that repeats it (issue 16).
 _RECOMPILING = re.compile(r"(\S++) in (.+):(\d++)")
 _LIMIT = re.compile(r"torch\._dynamo hit config\.(\w++) \((\d++)\)")
@@ -56,10 +56,6 @@ def _first(pattern: re.Pattern, phrase: str, text: str) -> re.Match | None:
     i = text.find(phrase)
     return pattern.match(text, i + len(phrase)) if i >= 0 else None
 
-
-def _recompiling(text: str) -> re.Match | None:
-    i = text.find("Recompiling function ")
-    return _RECOMPILING.match(text, i + 21) if i >= 0 else None
 
 
 def _stand_in_frame(row: dict, frames: dict, count: bool = True) -> None:
@@ -119,6 +115,7 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
     rows = []
     frames: dict[tuple, list[int]] = {}  # (function, file, line) -> [stand-in frame id, compiles seen]
     seen_recompile: set[tuple] = set()
+    seen_failure: set[tuple] = set()  # (rank, function, reason): one report per frame, though torch may print it twice
     ranks: set[int] = set()
     for meta, lines in _messages(path):
         text = "\n".join(lines)
@@ -129,7 +126,7 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
         base = {"rank": r, "compile_id": meta["cid"], "frame_id": f_id, "attempt": c_id}
         det = {"line": meta["line"], "logged_at": meta["time"]}
         art = meta["art"] or ""
-        m = _recompiling(text)
+        m = _first(_RECOMPILING, "Recompiling function ", text)
         if art.startswith("__recompiles") and m:
             # __recompiles and __recompiles_verbose report the same recompile; torch < 2.4 logs no compile id
             key = (r, meta["cid"]) if meta["cid"] else (r, meta["time"], m.group(1))
@@ -154,8 +151,8 @@ def read(path: Path, source) -> dict[str, pl.DataFrame]:
                    "detail": {**det, **{k: v for k, v in wc.items() if k in ("fail_type", "fail_reason", "backend",
                                                                             "category") and v is not None},
                               "suppress_errors": True}}
-            if not any(x["kind"] == "compile_failure" and x["function"] == row["function"] and x["reason"] == row["reason"]
-                       and x["rank"] == r for x in rows):  # one report per frame, though torch may print it twice
+            if (r, row["function"], row["reason"]) not in seen_failure:
+                seen_failure.add((r, row["function"], row["reason"]))
                 rows.append(row)
         elif art == "__graph_breaks" and ("Graph break in user code" in text or "Graph Break Reason" in text
                                           or "Graph break: " in text):

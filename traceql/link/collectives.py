@@ -25,6 +25,7 @@ from collections import Counter
 
 import polars as pl
 
+from traceql import intervals
 from traceql.model import Run
 from traceql.model.ranks import format_ranks
 
@@ -400,13 +401,10 @@ def wait_union(ci: pl.DataFrame, per: list[str]) -> pl.DataFrame:
     """per, _u: nanoseconds in the union of the wait intervals [arrival, wait_end) of collective_instances rows, per
     group. Waits of collectives in flight together overlap; counted once. One sort, a running maximum of ends."""
     w = ci.filter(pl.col("wait_end").is_not_null() & pl.col("arrival").is_not_null() & (pl.col("wait_end") > pl.col("arrival")))
-    w = w.select(*per, pl.col("arrival").alias("ts"), pl.col("wait_end").alias("end")).sort([*per, "ts"], nulls_last=True, maintain_order=True)
+    w = w.select(*per, pl.col("arrival").alias("ts"), pl.col("wait_end").alias("end"))
     if w.height == 0:
         return w.select(*per).with_columns(pl.lit(0, pl.Int64).alias("_u")).head(0)
-    w = w.with_columns(pl.struct(per).rle_id().alias("_g"))
-    w = w.with_columns(pl.col("end").cum_max().shift(1).over("_g").alias("_pm"))
-    adds = (pl.col("end") - pl.max_horizontal("ts", "_pm")).clip(lower_bound=0)
-    return w.group_by("_g").agg(*[pl.col(k).first() for k in per], adds.sum().alias("_u")).drop("_g")
+    return intervals.union_ns(w, per).drop("_n")
 
 
 def straggler_summary(run: Run) -> pl.DataFrame:

@@ -642,10 +642,6 @@ def _odd_groups(values: dict[int, object]) -> tuple[list[int], object, list[tupl
     return maj_r, maj_v, [(rs, v) for v, rs in rest]
 
 
-def _rk(ranks) -> str:
-    return format_ranks(ranks)
-
-
 def _ranks_word(ranks) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + format_ranks(ranks)
 
@@ -696,7 +692,7 @@ def compile_failures(run: Run) -> pl.DataFrame:
         cid_text = f"compile {summarise(cids)}" if cids else "a compile"
         note = (f"{cid_text} of {r0['function'] or '?'} ({r0['location']}) failed on {where}: {r0['fail_type']}"
                 f"{backend}: {r0['reason'] or 'no reason logged'}; {outcome}")
-        rows.append({"ranks": ranks, "ranks_text": _rk(ranks), "n_ranks": len(ranks), "compile_ids": ",".join(cids),
+        rows.append({"ranks": ranks, "ranks_text": format_ranks(ranks), "n_ranks": len(ranks), "compile_ids": ",".join(cids),
                      "first_compile_id": cids[0] if cids else None, "function": r0["function"],
                      "location": r0["location"], "fail_type": r0["fail_type"], "reason": r0["reason"],
                      "backend": r0["backend"], "category": r0["category"], "outcome": outcome,
@@ -719,12 +715,6 @@ def _cid_order(cid: str):
 _DIV_SCHEMA = {"aspect": pl.Utf8, "ranks": pl.List(pl.Int32), "ranks_text": pl.Utf8, "majority_ranks": pl.Utf8,
                "n_ranks": pl.UInt32, "compile_id": pl.Utf8, "compile_ids": pl.Utf8, "n_compile_ids": pl.UInt32,
                "here": pl.Utf8, "majority": pl.Utf8, "note": pl.Utf8}
-
-
-def _cid_with_restart() -> pl.Expr:
-    return (pl.when(_detail_field("restart", pl.Int64).fill_null(0) > 0)
-            .then(pl.format("{}_{}", pl.col("compile_id"), _detail_field("restart", pl.Int64)))
-            .otherwise(pl.col("compile_id")))
 
 
 def _trace_ranks(run: Run, ev: pl.DataFrame) -> pl.DataFrame:
@@ -794,7 +784,7 @@ def _schedule_rows(ev: pl.DataFrame) -> list[dict]:
         maj_r, maj_v, odd = _odd_groups(vals)
         for rs, v in odd:
             here, there = v or "no collectives", maj_v or "no collectives"
-            rows.append({"aspect": "collective_schedule", "ranks": rs, "ranks_text": _rk(rs), "majority_ranks": _rk(maj_r),
+            rows.append({"aspect": "collective_schedule", "ranks": rs, "ranks_text": format_ranks(rs), "majority_ranks": format_ranks(maj_r),
                          "n_ranks": len(vals), "compile_id": cid, "compile_ids": cid, "n_compile_ids": 1,
                          "here": here, "majority": there,
                          "note": (f"compile {cid}: the compiled graph on {_ranks_word(rs)} issues {_clip(here)}, on "
@@ -818,7 +808,7 @@ def _grouped(aspect: str, per_cid: list[tuple[str, list[int], list[int], str, st
     for (rs, here, there), items in merged.items():
         cids = sorted({c for c, _, _ in items}, key=_cid_order)
         maj = sorted({r for _, m, _ in items for r in m})
-        rows.append({"aspect": aspect, "ranks": list(rs), "ranks_text": _rk(rs), "majority_ranks": _rk(maj),
+        rows.append({"aspect": aspect, "ranks": list(rs), "ranks_text": format_ranks(rs), "majority_ranks": format_ranks(maj),
                      "n_ranks": max(n for _, _, n in items), "compile_id": cids[0], "compile_ids": ",".join(cids),
                      "n_compile_ids": len(cids), "here": here, "majority": there,
                      "note": sentence(list(rs), maj, cids, here, there)})

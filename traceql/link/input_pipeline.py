@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from traceql import intervals
 from traceql.model import Run
 
 LOADER_NEXT = r"^enumerate\(DataLoader\)#\w+\.__next__$"
@@ -41,19 +42,9 @@ SCHEMA = {"rank": pl.Int32, "source": pl.Int32, "step": pl.Int64, "step_ms": pl.
 def _segments(df: pl.DataFrame, key: list[str]) -> pl.DataFrame:
     """Disjoint segments (key, seg_ts, seg_end) of the union of df's [ts, end) intervals, with the covered time
     before each segment (cum_before), for cumulative look-ups."""
-    df = df.select(*key, "ts", "end").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null()
-                                            & (pl.col("end") >= pl.col("ts")))
-    if df.height == 0:
-        return pl.DataFrame(schema={**{k: df.schema[k] for k in key}, "seg_ts": pl.Int64, "seg_end": pl.Int64,
-                                    "cum_before": pl.Int64})
-    df = df.sort([*key, "ts"], maintain_order=True).with_columns(pl.struct(key).rle_id().alias("_g"))
-    df = df.with_columns(pl.col("end").cum_max().shift(1).over("_g").alias("_pm"))
-    df = df.with_columns((pl.col("_pm").is_null() | (pl.col("ts") > pl.col("_pm"))).cum_sum().alias("_seg"))
-    seg = df.group_by("_seg", maintain_order=True).agg(*[pl.col(k).first() for k in key], pl.col("ts").min().alias("seg_ts"),
-                                                        pl.col("end").max().alias("seg_end"), pl.col("_g").first())
-    seg = seg.with_columns((pl.col("seg_end") - pl.col("seg_ts")).alias("_len"))
-    seg = seg.with_columns((pl.col("_len").cum_sum().over("_g") - pl.col("_len")).alias("cum_before"))
-    return seg.select(*key, "seg_ts", "seg_end", "cum_before")
+    seg = intervals.segments(df.select(*key, "ts", "end"), key)
+    length = pl.col("seg_end") - pl.col("seg_ts")
+    return seg.select(*key, "seg_ts", "seg_end", (length.cum_sum() - length).over(key).alias("cum_before"))
 
 
 def _covered_before(points: pl.DataFrame, col: str, seg: pl.DataFrame, key: list[str]) -> pl.Series:

@@ -309,6 +309,7 @@ def nccl_timeouts(run: Run) -> pl.DataFrame:
 
     errs = ensure(run, "nccl_errors")  # built once per run
     root = errs.filter(pl.col("root_cause"))["rank"].first() if errs.height else None
+    reported = _desync_reports(ev)
     if wd.height:
         wd = wd.with_columns(pl.col("pg_name").fill_null("0"))
         first = wd.sort("ts", "line", nulls_last=True).group_by("pg_name", "rank", maintain_order=True).first()
@@ -348,7 +349,6 @@ def nccl_timeouts(run: Run) -> pl.DataFrame:
         reporting = (set(all_first.filter(pl.col("pg_name") == "0")["rank"].to_list())
                      or set(all_first["rank"].to_list()))
         missing = set(range(n_exp)) - reporting if n_exp else set()
-        reported = _desync_reports(ev)
         named = {r for rs in reported.filter(pl.col("what") == "never joined any collective")["ranks"].to_list()
                  for r in rs} - reporting
         if missing or named:
@@ -357,7 +357,7 @@ def nccl_timeouts(run: Run) -> pl.DataFrame:
             rows.append(pl.DataFrame({"kind": ["dead_rank"], "pg_name": ["0"], "rank": [sorted(missing | named)],
                                       "n_reporting": [len(reporting)], "detail": [origin]}))
         rows = [r.with_columns(pl.lit(n_exp, dtype=pl.Int64).alias("n_expected")) for r in rows]
-    rep = _desync_reports(ev).filter(pl.col("what") != "never joined any collective")
+    rep = reported.filter(pl.col("what") != "never joined any collective")
     if rep.height:  # PyTorch's own word on who is out of step (TQL518)
         rows.append(rep.select(pl.lit("desync_report").alias("kind"), pl.lit("0").alias("pg_name"),
                                pl.col("ranks").alias("rank"), "seq",

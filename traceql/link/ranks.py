@@ -20,7 +20,6 @@ Rules that compare ranks (cross_rank) are skipped by the engine while any rank c
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import polars as pl
@@ -104,12 +103,10 @@ def _assume(run: Run) -> list[int]:
 
 
 def _digest(p: Path) -> str | None:
+    from traceql.ingest.cache import hash_path
+
     try:
-        h = hashlib.blake2b(digest_size=16)
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()
+        return hash_path(p)
     except OSError:
         return None
 

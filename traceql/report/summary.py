@@ -112,7 +112,5 @@ def summarize(run: Run) -> dict:
             "kernels_total": int(k_total.get(rank, 0)),
             "window": window,
         })
-        del row["step_time_ms_total"]
-        row["step_time_ms_total"] = _r(b["step_ms"].sum()) if b.height else None
         out[str(rank)] = {k: row.get(k) for k in COLUMNS}
     return {"columns": COLUMNS, "ranks": out}

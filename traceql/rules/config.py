@@ -34,10 +34,6 @@ def _config_in(d: Path) -> Path | None:
     return None
 
 
-def _inside(p: Path, root: Path) -> bool:
-    return p == root or root in p.parents
-
-
 def find_config(start: Path, untrusted: Path | None = None) -> Path | None:
     """The nearest traceql.toml (or pyproject.toml with [tool.traceql]) from `start` upwards, passing over any inside
     `untrusted` (the analysed run dir: configuration changes the verdict, so it comes from the user's checkout)."""
@@ -45,7 +41,7 @@ def find_config(start: Path, untrusted: Path | None = None) -> Path | None:
     top = start if start.is_dir() else start.parent
     root = untrusted.resolve() if untrusted is not None else None
     for d in [top, *top.parents]:
-        if root is not None and _inside(d, root):
+        if root is not None and d.is_relative_to(root):
             continue
         p = _config_in(d)
         if p is not None:

@@ -11,6 +11,7 @@ import polars as pl
 
 from traceql import link
 from traceql.link.context import host_context
+from traceql.link.ranks import collided_ranks
 from traceql.model import Finding, Run
 from traceql.model.ranks import format_ranks
 from traceql import intervals as measures
@@ -395,7 +396,7 @@ def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
     if missing_sets:
         miss = " or ".join("+".join(m) for m in missing_sets)
         return RuleResult(rule, "skipped", f"needs {miss}: no source in this run provides it")
-    clash = _collided(run) if rule.cross_rank or (rule.select or {}).get("measure") in ("spread", "distinct") else []
+    clash = collided_ranks(run) if rule.cross_rank or (rule.select or {}).get("measure") in ("spread", "distinct") else []
     if clash:
         # the colliding sources' ranks cannot be matched with the other ranks' run: comparing them would report
         # another run's rank as a straggler or a desync (link.ranks)
@@ -451,12 +452,6 @@ def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
             )
         )
     return RuleResult(rule, "ran", findings=findings)
-
-
-def _collided(run: Run) -> list[int]:
-    from traceql.link.ranks import collided_ranks
-
-    return collided_ranks(run)
 
 
 def run_rules(run: Run, rules: list[Rule], overrides: dict[str, dict] | None = None) -> list[RuleResult]:

@@ -145,6 +145,7 @@ def check(sql: str, tables: set[str] | list[str] | None = None) -> None:
     first = next((t for t in toks if t != ("punct", "(")), None)
     if first not in (("word", "select"), ("word", "with")):
         raise SqlRefused(f"only SELECT (or WITH ... SELECT) statements run here, not {(first or ('', '?'))[1].upper()}")
+    # defence in depth: _raw_read_call has refused these on the raw text already; this holds if that check changes
     for i, tok in enumerate(toks[:-1]):
         nm = _name(tok)
         if nm and toks[i + 1] == ("punct", "(") and re.match(r"(?i)(read|scan)_", nm):
