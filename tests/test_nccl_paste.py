@@ -215,3 +215,14 @@ def test_unrelated_lines_after_a_complete_line_are_not_joined(tmp_path):
     ev = read(p, Source(p, "nccl_log"))["nccl_events"]
     wd = ev.filter(ev["kind"] == "watchdog_timeout")
     assert wd.height == 1 and wd["text"][0].endswith("before timing out.")
+
+
+def test_a_line_cut_between_its_head_and_nccl_info_is_joined(tmp_path):
+    # a long pod name under a launcher prefix puts the terminal's cut right after "host:pid:tid [dev]": the next piece
+    # starts " NCCL INFO ..." and must not be read as a line of its own that lost its head
+    real = [ln for p in sorted(FIXTURES.glob("*/*.log")) for ln in p.read_text(errors="replace").splitlines()
+            if " NCCL INFO " in ln and ln.index(" NCCL INFO ") > 8][:200]
+    assert real, "no NCCL INFO lines in the fixtures"
+    text = "\n".join(real) + "\n"
+    cut = "\n".join(ln.replace(" NCCL INFO ", "\n NCCL INFO ", 1) for ln in real) + "\n"
+    assert _facts(cut, tmp_path, "cut.log") == _facts(text, tmp_path, "whole.log")

@@ -605,7 +605,10 @@ def rejoin_wrapped(lines: list[str]) -> None:
     numbers stay those of the file)."""
     n = len(lines)
     start = _RECORD_START.match  # _starts_record inlined: this runs once per line of the log
-    cands = [i for i, nxt in enumerate(lines[1:]) if "NCCL INFO" not in nxt and nxt.strip() and start(nxt) is None]
+    # a line that cannot start a record follows; or a long host name was cut just before " NCCL INFO ...", right
+    # after the "host:pid:tid [dev]" head (the piece then holds "NCCL INFO" but starts no record of its own)
+    cands = [i for i, nxt in enumerate(lines[1:]) if ("NCCL INFO" not in nxt and nxt.strip() and start(nxt) is None)
+             or (nxt[:1].isspace() and nxt.lstrip().startswith("NCCL ") and _CORE_HEAD_END.search(lines[i].rstrip("\r")))]
     if not cands:
         return
     width = _wrap_width(lines, cands)
@@ -616,6 +619,11 @@ def rejoin_wrapped(lines: list[str]) -> None:
         # a line cut right after NCCL's "host:pid:tid [dev] " head (`fold -s`, or a terminal inside "file.cc:12"):
         # the next piece is its text, which may read alone as a bare "file.cc:12 NCCL WARN ..." line
         head_cut = _CORE_HEAD_END.search(first) is not None
+        nxt = lines[i + 1]
+        if head_cut and nxt[:1].isspace() and nxt.lstrip().startswith("NCCL "):
+            # the head, then its own level and text: one line whatever it says (the piece has no head to stand alone)
+            lines[i], lines[i + 1] = first + nxt.rstrip("\r"), ""
+            continue
         if len(first) < 30 or first.endswith("Last error:") or (
                 len(first) != width and not head_cut and _MARKS_RE.search(first) is None):
             continue
