@@ -12,8 +12,9 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from traceql.cli import _size, main
-from traceql.ingest import cache
+from traceql.cli import main
+from traceql.cli.cache import _size
+from traceql import cache
 from traceql.model import Source
 
 OLD = 1_000_000  # seconds since the epoch: "used long ago", set with os.utime so that no test sleeps

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from traceql.capture.cli import capture_group
+from traceql.cli.capture import capture_group
 from traceql.capture.scenarios import SCENARIOS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ def test_capture_list_works_without_torch():
     # sys.modules["torch"] = None makes every `import torch` fail, as on an install without the capture extra.
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "from traceql.capture.cli import capture_group\n"
+        "from traceql.cli.capture import capture_group\n"
         "capture_group(['list', '--format', 'json'], standalone_mode=False)\n"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)

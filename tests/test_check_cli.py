@@ -172,7 +172,7 @@ def test_derived_tables_are_cached_per_input_and_give_the_same_report(tmp_path):
 def test_a_changed_importer_misses_the_cache(tmp_path, monkeypatch):
     """Cached tables are keyed by the importers' code too: after an upgrade that changes what an importer writes
     (same version string), the old tables are not served."""
-    from traceql.ingest import cache
+    from traceql import cache
     from traceql.model import Source
 
     trace = next((SAMPLES / "demo").glob("rank0*"))

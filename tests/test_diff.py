@@ -11,7 +11,7 @@ from _report_helpers import DEMO, TRACE_FILTER, checked
 from conftest import FIXTURES
 
 from traceql.report import diff as d
-from traceql.report.result import CheckResult
+from traceql.model.result import CheckResult
 
 AUTO_DYNAMIC, RECOMPILE_STORM = FIXTURES / "compile-auto-dynamic", FIXTURES / "compile-recompile-storm"
 # (a two-rank run, one file of it: a run of rank 1 alone): the committed sample always, the corpus where present

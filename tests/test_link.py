@@ -168,7 +168,7 @@ def test_graph_skeleton(sampled):
 
 
 def test_graph_command_writes_node_link_json(sampled, tmp_path):
-    from traceql.link.graph_cli import graph_command
+    from traceql.cli.graph import graph_command
 
     out = tmp_path / "g.json"
     res = CliRunner().invoke(graph_command, [str(sampled.path), "--out", str(out)])

@@ -9,7 +9,7 @@ from traceql import link
 from traceql.discover import discover
 from traceql.ingest.loader import ingest
 from traceql.model import Run
-from traceql.report.result import CheckResult
+from traceql.model.result import CheckResult
 from traceql.rules import config as cfgmod
 from traceql.rules.engine import run_rules
 from traceql.rules.loader import load_rules

@@ -1,3 +1,3 @@
-from traceql.capture.cli import main
+from traceql.cli.capture import capture_group
 
-main()
+capture_group()

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import polars as pl
 
-from traceql.ingest import IngestError, budget, cache, module_for, read_source
+from traceql import cache
+from traceql.ingest import IngestError, budget, module_for, read_source
 from traceql.model import SCHEMAS, Run, Source, concat
 
 PARALLEL_MIN_BYTES = 8 << 20  # below this, process start-up costs more than it saves

@@ -38,7 +38,7 @@ def ensure(run: Run, name: str) -> pl.DataFrame:
         return run.table(name)
     folder = run.derived_cache
     if folder is not None:
-        from traceql.ingest import cache
+        from traceql import cache
 
         hit = cache.load_derived(folder, name)
         if hit is not None:

@@ -103,7 +103,7 @@ def _assume(run: Run) -> list[int]:
 
 
 def _digest(p: Path) -> str | None:
-    from traceql.ingest.cache import hash_path
+    from traceql.cache import hash_path
 
     try:
         return hash_path(p)
@@ -184,7 +184,7 @@ def resolve_ranks(run: Run) -> None:
             f"{', '.join(r['path'] for r in rs)} {'is' if len(rs) == 1 else 'are'} not (rank collision, TQL001); rules "
             "that compare ranks are skipped; check each run on its own")
     if run.derived_cache is not None and (assumed or lost):
-        from traceql.ingest import cache
+        from traceql import cache
 
         # derived tables depend on which sources are analysed and on the ranks given here, not only on the files
         read = [s for s in run.sources if _read(s)]

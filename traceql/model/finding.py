@@ -20,6 +20,12 @@ class Finding:
     evidence: dict = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)  # paths of the sources the evidence came from
     location: dict = field(default_factory=dict)  # logical location: rank, step, stream, compile_id...
+    # What the cause costs (filled after the rules ran, by the what-if replay; None where it cannot be said):
+    # the time per step the run would save without it, and that as a share of the step time.
+    cost_ms_per_step: float | None = None
+    cost_pct: float | None = None
+    # fingerprint of the finding whose cause explains this one (a straggler's victims' waits), else None
+    caused_by: str | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -38,4 +44,7 @@ class Finding:
             "message": self.message,
             "evidence": self.evidence,
             "fingerprint": self.fingerprint,
+            "cost_ms_per_step": self.cost_ms_per_step,
+            "cost_pct": self.cost_pct,
+            "caused_by": self.caused_by,
         }

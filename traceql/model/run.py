@@ -18,7 +18,7 @@ class Run:
     tables: dict[str, pl.DataFrame] = field(default_factory=dict)  # canonical and derived tables
     graph: object | None = None  # networkx.DiGraph, built on demand by link.graph
     notes: list[str] = field(default_factory=list)  # run-level facts link/ wants reported (residuals, gaps)
-    derived_cache: Path | None = None  # where link.ensure keeps derived tables of this exact input (see ingest.cache)
+    derived_cache: Path | None = None  # where link.ensure keeps derived tables of this exact input (see cache)
 
     def table(self, name: str) -> pl.DataFrame:
         if name in self.tables:

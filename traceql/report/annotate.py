@@ -16,7 +16,7 @@ import polars as pl
 
 from traceql import __version__, link
 from traceql.report._align import aligner
-from traceql.report.result import CheckResult
+from traceql.model.result import CheckResult
 
 STREAM_TID_BASE = 1_000_000  # stream threads sort after host threads in viewers and never collide with them
 FINDING_CAT = "traceql.finding"

@@ -12,7 +12,7 @@ import io
 
 import polars as pl
 
-from traceql.report.result import CheckResult
+from traceql.model.result import CheckResult
 from traceql.report.summary import summarize
 from traceql.model.text_safety import visible
 

@@ -19,7 +19,7 @@ import polars as pl
 from traceql import __version__, link
 from traceql.model.ranks import format_ranks
 from traceql.report._align import aligner
-from traceql.report.result import CheckResult
+from traceql.model.result import CheckResult
 
 MAX_LANE_RECTS = 4000  # per lane, after merging what falls into one pixel
 TIMELINE_W = 1100

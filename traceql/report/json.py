@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import orjson
 
-from traceql.report.result import CheckResult
+from traceql.model.result import CheckResult
 
 
 def render(result: CheckResult) -> str:

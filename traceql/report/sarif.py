@@ -13,7 +13,7 @@ from urllib.parse import quote
 import orjson
 
 from traceql import __version__
-from traceql.report.result import CheckResult
+from traceql.model.result import CheckResult
 
 SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 LEVEL = {"error": "error", "warning": "warning", "info": "note"}

@@ -9,7 +9,7 @@ from rich.markup import escape
 
 from traceql.model.ranks import format_ranks
 from traceql.model.text_safety import visible
-from traceql.report.result import CheckResult
+from traceql.model.result import CheckResult
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _STATUS = {"ok": "green", "partial": "yellow", "skipped": "dim", "error": "red"}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import re
 import string
-from dataclasses import dataclass, field
 
 import polars as pl
 
@@ -13,6 +12,7 @@ from traceql import link
 from traceql.link.context import host_context
 from traceql.link.ranks import collided_ranks
 from traceql.model import Finding, Run
+from traceql.model.result import RuleResult
 from traceql.model.ranks import format_ranks
 from traceql import intervals as measures
 from traceql.rules import sql_guard
@@ -22,14 +22,6 @@ from traceql.rules.loader import Rule
 
 class RuleRunError(RuntimeError):
     pass
-
-
-@dataclass
-class RuleResult:
-    rule: Rule
-    status: str  # ran | skipped | error
-    reason: str = ""
-    findings: list[Finding] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- selection

@@ -1,5 +1,5 @@
 """Report commands: `traceql annotate`, `traceql diff`, `traceql query`. Argument handling only; the work is in
-traceql.report.annotate, .diff and .query. Registered by traceql.cli._register_optional()."""
+traceql.report.annotate, .diff and .query."""
 
 from __future__ import annotations
 
@@ -8,14 +8,7 @@ from pathlib import Path
 
 import click
 
-EXIT_OK, EXIT_USAGE = 0, 2
-
-
-def _fail(msg: str) -> None:
-    from traceql.model.text_safety import visible
-
-    click.echo(f"traceql: {visible(msg)}", err=True)
-    sys.exit(EXIT_USAGE)
+from traceql.cli._common import _fail
 
 
 def _progress(quiet: bool, machine_output: bool) -> bool:
@@ -120,5 +113,3 @@ def query(run_dir, sql, fmt, no_cache, quiet):
         return
     click.echo(q.render(df, fmt), nl=False)
 
-
-COMMANDS = [annotate, diff, query]

@@ -1,12 +1,24 @@
-"""What `traceql check` produced: the run, the rules' outcomes and the findings, ready for any renderer."""
+"""What `traceql check` produced: each rule's outcome and the findings, ready for any renderer."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from traceql import __version__
-from traceql.model import SEVERITY_ORDER, Finding, Run
-from traceql.rules.engine import RuleResult
+from traceql.model.finding import SEVERITY_ORDER, Finding
+from traceql.model.run import Run
+
+if TYPE_CHECKING:  # the rule type is rules.loader.Rule; model/ never imports rules/
+    from traceql.rules.loader import Rule
+
+
+@dataclass
+class RuleResult:
+    rule: Rule
+    status: str  # ran | skipped | error
+    reason: str = ""
+    findings: list[Finding] = field(default_factory=list)
 
 
 @dataclass

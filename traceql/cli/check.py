@@ -1,4 +1,4 @@
-"""Command-line entry points. Only argument handling and output here: the work happens in the packages."""
+"""`traceql check` and `traceql summary`."""
 
 from __future__ import annotations
 
@@ -7,29 +7,8 @@ from pathlib import Path
 
 import click
 
-from traceql import __version__
-
-# The contract CI relies on (DESIGN.md): 0 clean, 1 findings at or above --fail-on, 2 usage or configuration error
-# (nothing analysable included), 3 a rule or internal error (the report is incomplete).
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
-
-
-def _say(msg: str) -> None:
-    """One line to stderr; the message may quote input (a file name, a detail): its control characters are escaped."""
-    from traceql.model.text_safety import visible
-
-    click.echo(f"traceql: {visible(msg)}", err=True)
-
-
-def _fail(msg: str, code: int = EXIT_USAGE) -> None:
-    _say(msg)
-    sys.exit(code)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="traceql")
-def main():
-    """traceql: find why a distributed PyTorch run is slow, hangs, or got slower after torch.compile."""
+from traceql.cli import main
+from traceql.cli._common import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, _fail, _say
 
 
 def _csv(values: tuple[str, ...]) -> list[str]:
@@ -210,138 +189,3 @@ def summary(run_dir, fmt, no_cache, quiet):
     for rank, row in data["ranks"].items():
         t.add_row(rank, *["-" if row[c] is None else str(row[c]) for c in cols])
     Console(width=160).print(t)
-
-
-@main.group()
-def rules():
-    """List, explain and test the rule pack."""
-
-
-@rules.command("list")
-@click.option("--rules", "rules_dirs", multiple=True, type=click.Path(path_type=Path, exists=True, file_okay=False))
-def rules_list(rules_dirs):
-    """Every rule: id, name, severity and summary."""
-    from traceql.rules.loader import RuleError, load_rules
-
-    try:
-        rs = load_rules(list(rules_dirs) or None)
-    except RuleError as e:
-        _fail(str(e))
-    for r in rs:
-        click.echo(f"{r.id}  {r.name:38} {r.severity:8} {r.summary}")
-
-
-@rules.command("explain")
-@click.argument("rule_id")
-@click.option("--rules", "rules_dirs", multiple=True, type=click.Path(path_type=Path, exists=True, file_okay=False))
-def rules_explain(rule_id, rules_dirs):
-    """The docs of one rule: what it finds, why it matters, how to fix it, its thresholds."""
-    from traceql.rules.loader import RuleError, load_rules
-
-    try:
-        rs = load_rules(list(rules_dirs) or None)
-    except RuleError as e:
-        _fail(str(e))
-    r = next((x for x in rs if x.id == rule_id.upper() or x.name == rule_id), None)
-    if r is None:
-        _fail(f"no rule {rule_id!r}; see `traceql rules list`")
-    d = r.docs
-    lines = [f"{r.id} {r.name} ({r.severity})", "", r.summary, "", "## Why it matters", str(d.get("why", "")).strip(), "", "## How to fix it", str(d.get("fix", "")).strip()]
-    if d.get("example"):
-        lines += ["", "## Example", str(d["example"]).strip()]
-    if r.params:
-        lines += ["", "## Thresholds (override with --set " + r.id + ".NAME=VALUE)"]
-        lines += [f"- {k} = {v.get('default')!r}: {v.get('doc', '')}" for k, v in r.params.items()]
-    if r.needs:
-        lines += ["", "## Needs", ", ".join(" + ".join(n) if isinstance(n, list) else n for n in r.needs)]
-    if d.get("references"):
-        lines += ["", "## References"] + [f"- {x}" for x in d["references"]]
-    click.echo("\n".join(lines))
-
-
-@rules.command("test")
-@click.argument("rule_ids", nargs=-1)
-@click.option("--rules", "rules_dirs", multiple=True, type=click.Path(path_type=Path, exists=True, file_okay=False))
-@click.option("--root", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None, help="Folder fixture paths are relative to [default: the rule folder's parent].")
-def rules_test(rule_ids, rules_dirs, root):
-    """Run each rule on its fixtures: those that must fire and those that must stay quiet."""
-    from traceql.rules.loader import RuleError, default_rules_dir, load_rules, matches
-    from traceql.rules.testing import test_rules
-
-    try:
-        rs = load_rules(list(rules_dirs) or None)
-    except RuleError as e:
-        _fail(str(e))
-    if rule_ids:
-        rs = [r for r in rs if matches(r.id, list(rule_ids))]
-    base = root or (Path(rules_dirs[0]) if rules_dirs else default_rules_dir()).resolve().parent
-    outcomes = test_rules(rs, base)
-    bad = 0
-    for o in outcomes:
-        bad += not o.ok
-        click.echo(f"{'PASS' if o.ok else 'FAIL'}  {o.rule}  {o.expect:5}  {o.fixture}: {o.detail}")
-    untested = [r.id for r in rs if not (r.fixtures.get("fire") or r.fixtures.get("quiet"))]
-    if untested:
-        click.echo(f"no fixtures: {', '.join(untested)}")
-    click.echo(f"{len(outcomes) - bad} passed, {bad} failed")
-    sys.exit(EXIT_FINDINGS if bad else EXIT_OK)
-
-
-@main.group("cache")
-def cache_group():
-    """Where the Parquet cache of parsed traces is, how big it is, and emptying it."""
-
-
-def _size(n: float) -> str:
-    for unit in ("bytes", "KB", "MB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
-
-
-@cache_group.command("info")
-def cache_info():
-    """Folder, entries, total size and cap of the cache (TRACEQL_CACHE_MAX_MB, 0 = no limit)."""
-    from traceql.ingest import cache
-
-    cap, problem = cache.cap_setting()
-    if problem:
-        click.echo(f"traceql: {problem}", err=True)
-    u = cache.usage()
-    click.echo(f"path     {cache.cache_dir()}")
-    click.echo(f"entries  {u['sources']} parsed sources, {u['runs']} runs' derived tables"
-               + (f", {u['leftovers']} unfinished (removed by the next prune)" if u["leftovers"] else ""))
-    click.echo(f"size     {_size(u['bytes'])}")
-    click.echo(f"cap      {'no limit' if cap is None else f'{cap / (1 << 20):g} MB'} (TRACEQL_CACHE_MAX_MB; least recently used entries go beyond it)")
-
-
-@cache_group.command("clear")
-def cache_clear():
-    """Delete every cache entry; files traceql did not write stay."""
-    from traceql.ingest import cache
-
-    removed, freed = cache.clear()
-    click.echo(f"freed {_size(freed)}: {removed} entries deleted from {cache.cache_dir()}")
-
-
-def _register_optional():
-    try:
-        from traceql.report.cli import COMMANDS as report_commands
-    except ImportError:
-        report_commands = []
-    for cmd in report_commands:
-        main.add_command(cmd)
-    try:
-        from traceql.link.graph_cli import graph_command
-        main.add_command(graph_command)
-    except ImportError:
-        pass
-    try:
-        from traceql.capture.cli import capture
-    except ImportError:
-        return
-    main.add_command(capture)
-
-
-_register_optional()

@@ -89,9 +89,10 @@ def _ingest_digest() -> str:
     them is a miss, even when the version string stays the same (as it does between releases)."""
     global _INGEST
     if _INGEST is None:
-        here = Path(__file__).resolve().parent
+        here = Path(__file__).resolve().parent / "ingest"
         h = hashlib.blake2b(digest_size=12)
-        files = [*here.glob("*.py"), *here.glob("*.c"), *here.glob("_kscan*.so"), here.parent / "model" / "tables.py"]
+        files = [*here.glob("*.py"), *here.glob("*.c"), *here.glob("_kscan*.so"), here.parent / "model" / "tables.py",
+                 Path(__file__).resolve()]
         for p in sorted(files):
             h.update(p.name.encode())
             h.update(p.read_bytes())
@@ -159,9 +160,9 @@ def _code_digest() -> str:
     when the version string stays the same, as it does between releases."""
     global _CODE
     if _CODE is None:
-        root = Path(__file__).resolve().parents[1]
+        root = Path(__file__).resolve().parent
         h = hashlib.blake2b(digest_size=12)
-        for p in sorted([*(root / "link").glob("*.py"), root / "intervals.py", root / "model" / "tables.py"]):
+        for p in sorted([*(root / "link").glob("*.py"), root / "intervals.py", *(root / "model").glob("*.py")]):
             h.update(p.name.encode())
             h.update(p.read_bytes())
         _CODE = h.hexdigest()

@@ -101,14 +101,3 @@ def list_cmd(fmt):
 def run_cmd(scenario, **kw):
     """Run SCENARIO (same as `traceql capture SCENARIO`)."""
     _do_run(scenario, **kw)
-
-
-capture = capture_group  # the name traceql/cli.py imports
-
-
-def main():  # `python -m traceql.capture.cli` works before the lead's CLI wires the group in
-    capture_group()
-
-
-if __name__ == "__main__":
-    main()
