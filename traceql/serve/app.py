@@ -60,10 +60,13 @@ def create_app(store: Store, queue: Queue, max_upload_bytes: int) -> Starlette:
         return store.owner(request.cookies.get(COOKIE)), True
 
     def same_origin(request: Request) -> bool:
+        # Under Referrer-Policy: no-referrer a browser's form POST says "Origin: null", so the browser's
+        # Sec-Fetch-Site decides then; a client that sends neither header is no browser (no cookie to ride on)
+        site = request.headers.get("sec-fetch-site")
+        if site is not None:
+            return site in ("same-origin", "none")
         origin = request.headers.get("origin")
-        if origin is not None:
-            return origin == f"{request.url.scheme}://{request.url.netloc}"
-        return request.headers.get("sec-fetch-site", "same-origin") in ("same-origin", "none")
+        return origin is None or origin == f"{request.url.scheme}://{request.url.netloc}"
 
     def job_json(request: Request, job: dict) -> dict:
         base = f"{request.url.scheme}://{request.url.netloc}/jobs/{job['id']}/"
