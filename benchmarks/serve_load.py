@@ -245,6 +245,8 @@ def run_load(n_jobs: int = 12, workers: int = 2, deadline_s: float = 600, fixtur
             report = httpx.get(s["report"]["json"], headers={"Authorization": f"Bearer {tok}"}, timeout=30).json()
             if key(report["findings"]) != want[name]:
                 problems.append(f"job {jid}: findings differ from traceql check fixtures/{name}")
+            if not all(src["path"].startswith(archives[name].name + "!/") for src in report["sources"]):
+                problems.append(f"job {jid}: its report lists sources of another upload")
             other = tokens[1] if tok == tokens[0] else tokens[0]
             if httpx.get(f"{server.url}/api/jobs/{jid}", headers={"Authorization": f"Bearer {other}"}).status_code != 404:
                 problems.append(f"job {jid} is visible to another token")
