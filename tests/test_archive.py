@@ -294,3 +294,15 @@ def test_an_archive_inside_a_plain_run_dir_is_named_as_such(tmp_path):
     result = pipeline.check(run_dir)
     (src,) = result.run.sources
     assert src.status == "skipped" and "an archive inside the run dir" in src.detail
+
+
+def test_many_refused_entries_make_a_bounded_list_and_count_to_the_entry_budget(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACEQL_ARCHIVE_MAX_ENTRIES", "1000")
+    path = tmp_path / "links.tar"
+    with tarfile.open(path, "w") as tf:
+        for i in range(1500):
+            tf.addfile(_info(f"run/l{i}", tarfile.SYMTYPE, "/etc/passwd"))
+    with archive.expanded(path) as x:
+        assert len(x.refused) == archive.MAX_REFUSALS_LISTED + 2  # the listed, the budget stop, the count of the rest
+        assert any("more than 1,000 entries" in s.detail for s in x.refused)
+        assert any("800 more entries refused" in s.detail for s in x.refused)

@@ -203,3 +203,26 @@ def test_restart_recovery_requeues_then_fails(tmp_path):
         assert st.claim()["attempts"] == attempt
         st.recover()
     assert st.job(jid)["status"] == "failed" and "service restarts" in st.job(jid)["reason"]
+
+
+def test_queue_place_and_stale_upload_folders(tmp_path):
+    import os
+
+    from traceql.serve.store import Store
+
+    st = Store(tmp_path / "s")
+    assert (os.stat(tmp_path / "s").st_mode & 0o777) == 0o700
+    owner = st.owner(st.create_token())
+    ids = []
+    for _ in range(3):
+        jid, d = st.new_job_dir()
+        st.add_job(jid, owner, "u.tar", d / "u.tar")
+        ids.append(jid)
+        time.sleep(0.01)
+    assert [st.queued_before(st.job(j)) for j in ids] == [0, 1, 2]
+    st.claim()
+    assert st.queued_before(st.job(ids[2])) == 1
+    orphan, d = st.new_job_dir()  # an upload folder whose job row was never written
+    os.utime(d, (time.time() - 7200, time.time() - 7200))
+    st.cleanup(None, None)
+    assert not d.exists() and all((st.jobs_dir / j).exists() for j in ids)

@@ -47,6 +47,7 @@ DEFAULT_MAX_RATIO = 200.0  # Kineto JSON compresses 10-30x, zstd -19 up to ~80x;
 RATIO_FLOOR = 64 * MB  # below this many expanded bytes the ratio is not checked
 FREE_MARGIN = 256 * MB  # left free on the temporary folder's file system
 _CHUNK = 1 * MB
+MAX_REFUSALS_LISTED = 200
 NAME_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst", ".tzst", ".zip")
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -65,6 +66,7 @@ class Expanded:
     refused: list[Source] = field(default_factory=list)  # one error source per refused entry or budget stop
     entries: int = 0
     bytes: int = 0
+    more_refused: int = 0  # refusals past MAX_REFUSALS_LISTED, counted only
 
 
 # ------------------------------------------------------------------------------------------------ recognising
@@ -245,6 +247,9 @@ class _Writer:
     def refuse(self, where: Path, name: str, why: str) -> None:
         # the source is placed at its would-be path inside tmp so that it shows as ARCHIVE!/NAME; a hostile name is
         # kept as written ('..' parts are not collapsed by pathlib), minus a leading slash
+        if len(self.x.refused) >= MAX_REFUSALS_LISTED:  # a million hostile entries make one line, not a million
+            self.x.more_refused += 1
+            return
         shown = name.replace("\\", "/").lstrip("/") or "(empty name)"
         self.x.refused.append(Source(where / shown, "unknown", status="error",
                                      detail=f"entry {name!r} of {self.label}: refused: {why}", meta={"shown": True}))
@@ -255,10 +260,14 @@ class _Writer:
             "the rest are not read"), meta={"shown": True}))
         raise _Stop
 
-    def place(self, where: Path, name: str, is_dir: bool) -> Path | None:
+    def tick(self, where: Path, name: str) -> None:
+        """Count one entry; past the entry budget, stop."""
         why = self.budget.count()
         if why:
             self.stop(where, name, why)
+
+    def place(self, where: Path, name: str, is_dir: bool) -> Path | None:
+        self.tick(where, name)
         parts, why = _safe_parts(name)
         if parts is None:
             self.refuse(where, name, why)
@@ -376,16 +385,16 @@ def _expand_tar(path: Path, kind: str, where: Path, w: _Writer) -> None:
                     w.place(where, name, True)
                     continue
                 if m.issym() or m.islnk():
-                    w.budget.count()
+                    w.tick(where, name)
                     w.refuse(where, name, f"a {'symbolic' if m.issym() else 'hard'} link (to {m.linkname!r}): links "
                              "are not extracted from an untrusted archive")
                     continue
                 if m.ischr() or m.isblk() or m.isfifo():
-                    w.budget.count()
+                    w.tick(where, name)
                     w.refuse(where, name, "a device or fifo: only files and folders are extracted")
                     continue
                 if not m.isreg():
-                    w.budget.count()
+                    w.tick(where, name)
                     w.refuse(where, name, f"an entry of type {m.type!r}: only files and folders are extracted")
                     continue
                 target = w.place(where, name, False)
@@ -401,18 +410,18 @@ def _expand_zip(path: Path, where: Path, w: _Writer) -> None:
             name = info.filename
             mode = info.external_attr >> 16
             if stat.S_ISLNK(mode):
-                w.budget.count()
+                w.tick(where, name)
                 w.refuse(where, name, "a symbolic link: links are not extracted from an untrusted archive")
                 continue
             if mode and (stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
-                w.budget.count()
+                w.tick(where, name)
                 w.refuse(where, name, "a device, fifo or socket: only files and folders are extracted")
                 continue
             if info.is_dir():
                 w.place(where, name, True)
                 continue
             if info.flag_bits & 0x1:
-                w.budget.count()
+                w.tick(where, name)
                 w.refuse(where, name, "encrypted: traceql reads no passwords; upload it unencrypted")
                 continue
             target = w.place(where, name, False)
@@ -451,6 +460,10 @@ def expanded(path: Path):
             _expand_into(path, kind, tmp, x, budget, path.name, 0)
         except _Stop:
             pass
+        if x.more_refused:
+            x.refused.append(Source(tmp / "(more refused entries)", "unknown", status="error", detail=(
+                f"{path.name}: {x.more_refused} more entries refused (links, devices or escaping paths, as the "
+                f"{MAX_REFUSALS_LISTED} listed)"), meta={"shown": True}))
         x.run_dir = _run_dir(tmp)
         yield x
     finally:

@@ -73,7 +73,10 @@ def create_app(store: Store, queue: Queue, max_upload_bytes: int) -> Starlette:
         files = _files(job)
         return {
             "id": job["id"], "status": job["status"], "reason": job["reason"] or "", "name": job["name"],
-            "created": job["created"], "finished": job["finished"],
+            "created": job["created"], "started": job["started"], "finished": job["finished"],
+            # progress: the place in the queue while queued, the seconds it has run while running
+            "queued_before": store.queued_before(job) if job["status"] == "queued" else None,
+            "running_s": round(time.time() - job["started"], 1) if job["status"] == "running" and job["started"] else None,
             "findings": len(store.findings(job["id"])) if job["status"] == "done" else None,
             "report": {_KEYS[k]: (base + k if k in files else None) for k in REPORTS},
         }

@@ -52,9 +52,10 @@ class Store:
 
     def __init__(self, root: Path):
         self.root = Path(root)
+        if not self.root.exists():
+            self.root.mkdir(parents=True, mode=0o700)  # uploads and tokens' jobs: private to the service's user
         self.jobs_dir = self.root / "jobs"
-        self.jobs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.root, 0o700)
+        self.jobs_dir.mkdir(exist_ok=True, mode=0o700)
         self.db = self.root / "traceql.sqlite"
         self._lock = threading.Lock()
         with self.conn() as c:
@@ -137,6 +138,11 @@ class Store:
             return [dict(r) for r in c.execute("SELECT rule, severity, ranks, step, message, fingerprint FROM findings "
                                                "WHERE job = ? ORDER BY rowid", (jid,))]
 
+    def queued_before(self, job: dict) -> int:
+        """How many queued jobs will be taken before this one (its place in the queue)."""
+        with self.conn() as c:
+            return c.execute("SELECT count(*) FROM jobs WHERE status = 'queued' AND created < ?", (job["created"],)).fetchone()[0]
+
     def recover(self) -> tuple[int, int]:
         """At start: jobs left running by the last service run go back to the queue, or fail after MAX_ATTEMPTS.
         Returns (requeued, failed)."""
@@ -176,6 +182,9 @@ class Store:
                                                  "DESC LIMIT -1 OFFSET ?", (keep_jobs,))]
             gone = sorted(set(gone))
             c.executemany("DELETE FROM jobs WHERE id = ?", [(g,) for g in gone])
-        for g in gone:
-            shutil.rmtree(self.jobs_dir / g, ignore_errors=True)
+            known = {r[0] for r in c.execute("SELECT id FROM jobs")}
+        # folders of uploads that never became a job (the service stopped between the two): after an hour
+        stale = [d for d in self.jobs_dir.iterdir() if d.name not in known and time.time() - d.stat().st_mtime > 3600]
+        for d in [*(self.jobs_dir / g for g in gone), *stale]:
+            shutil.rmtree(d, ignore_errors=True)
         return len(gone)
