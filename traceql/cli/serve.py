@@ -38,9 +38,14 @@ def serve(ctx, host, port, store_dir, workers, max_upload_mb, job_timeout, keep_
     """
     if ctx.invoked_subcommand is not None:
         return
-    import uvicorn
+    try:
+        import uvicorn
 
-    from traceql.serve.app import create_app
+        from traceql.serve.app import create_app
+    except ImportError as e:
+        _fail(f"traceql serve needs the serve extra ({e.name} is missing): pip install 'traceql[serve]' "
+              "(from a checkout: pip install -e '.[serve]')")
+        return
     from traceql.serve.queue import Queue
 
     store = _open(store_dir)
