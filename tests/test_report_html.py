@@ -243,7 +243,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shuti
 _CONSOLE = re.compile(r"CONSOLE|Uncaught|Refused to|Content Security Policy|Failed to load|ERR_", re.IGNORECASE)
 
 
-def _chromium(page: Path, tmp: Path, shot: Path | None) -> tuple[str, str]:
+def _chromium(page: Path, tmp: Path, shot: Path | None, fragment: str = "") -> tuple[str, str]:
     args = [
         CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp / 'profile'}",
@@ -252,7 +252,7 @@ def _chromium(page: Path, tmp: Path, shot: Path | None) -> tuple[str, str]:
     log = ""
     if shot is not None:
         log = subprocess.run([*args, f"--screenshot={shot}", page.as_uri()], capture_output=True, text=True, timeout=120).stderr
-    dom = subprocess.run([*args, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    dom = subprocess.run([*args, "--dump-dom", page.as_uri() + fragment], capture_output=True, text=True, timeout=120)
     return dom.stdout, log + dom.stderr
 
 
@@ -304,6 +304,28 @@ def test_two_gpu_runs_render_in_headless_chromium(run_dir, tmp_path):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install -y chromium); CI decides whether to install it")
+def test_a_finding_link_zooms_the_timeline_to_its_evidence(tmp_path):
+    """report.html#show-FINGERPRINT runs what a click on "show on the timeline" runs: the view closes in on the
+    finding's evidence (TQL202's idle gap between two kernels on rank 1), on that finding's step."""
+    result = checked(str(FIXTURES / "h200x2-straggler"))
+    text = html.render(result)
+    page = tmp_path / "report.html"
+    page.write_text(text, encoding="utf-8")
+    f = next(f for f in result.findings if f.rule == "TQL202")
+    mark = next(m for m in timeline(text)["marks"] if m["fp"] == f.fingerprint)
+    dom, log = _chromium(page, tmp_path, None, f"#show-{f.fingerprint}")
+    assert not _console_errors(log), _console_errors(log)
+    a, b = map(float, re.search(r'data-view="([^"]+)"', dom).group(1).split())
+    width = mark["t1"] - mark["t0"]
+    assert a <= mark["t0"] and mark["t1"] <= b and b - a <= 2.2 * width + 10.01, (a, b, mark)
+    assert f'data-step="{mark["step"]}"' in dom
+    # without the fragment the view is the whole of the chosen step, far wider than the gap
+    dom0, _ = _chromium(page, tmp_path, None)
+    a0, b0 = map(float, re.search(r'data-view="([^"]+)"', dom0).group(1).split())
+    assert b0 - a0 > b - a
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install -y chromium); CI decides whether to install it")
 def test_renders_in_headless_chromium_without_console_errors(hostile, tmp_path):
     page = tmp_path / "report.html"
     text = html.render(hostile)
@@ -323,3 +345,142 @@ def test_renders_in_headless_chromium_without_console_errors(hostile, tmp_path):
     bad.write_text(text.replace("</body>", "<script>console.error('boom')</script></body>"), encoding="utf-8")
     _, bad_log = _chromium(bad, tmp_path, None)
     assert _console_errors(bad_log), "the console check must see the blocked script"
+
+
+# --- torch.compile section ---------------------------------------------------------------------------------------
+
+
+def _compile_section(result) -> str:
+    page = html.render(result)
+    return page[page.index("id=compile>"): page.index("id=findings>")]
+
+
+def test_compile_section_lists_graph_breaks_cache_keys_and_why_ranks_differ():
+    """h200x2-divergent-compile: rank 1 compiled frame 4/0 for another input shape; every FX graph key differs."""
+    from traceql import link
+
+    result = checked(str(FIXTURES / "h200x2-divergent-compile"))
+    sec = _compile_section(result)
+    ce = result.run.table("compile_events")
+    for r in ce.filter(pl.col("kind") == "graph_break").drop_nulls("compile_id").iter_rows(named=True):
+        assert html.e(r["reason"]) in sec and html.e(r["compile_id"]) in sec
+        if r["user_frame"]:
+            assert html.e(r["user_frame"]) in sec
+    # cache keys: one row per graph of 4/0, rank 1's key highlighted in each row where it differs from rank 0's
+    keys = ce.filter(pl.col("cache_key").is_not_null() & (pl.col("compile_id") == "4/0")).sort("ts")
+    per_rank = {r: g["cache_key"].to_list() for (r,), g in keys.group_by("rank")}
+    differ = sum(a != b for a, b in zip(per_rank[0], per_rank[1]))
+    assert differ == 10
+    assert sec.count("mono diverge") == differ
+    for key in per_rank[1]:
+        assert f"title='{key} (" in sec
+    for note in link.ensure(result.run, "compile_rank_divergence")["note"].to_list():
+        assert html.e(note) in sec
+    # compile time per rank, as compile_time has it
+    for r in link.ensure(result.run, "compile_time").iter_rows(named=True):
+        assert f"<tr><td>{r['rank']}</td><td class='num'>{r['compile_s']:.2f}</td>" in sec
+
+
+def test_compile_section_shows_recompiles_with_their_guards():
+    result = checked(str(FIXTURES / "compile-recompile-storm"))
+    sec = _compile_section(result)
+    rc = result.run.table("compile_events").filter(pl.col("kind") == "recompile")
+    assert rc["compile_id"].n_unique() == 8  # read from TORCH_TRACE and from TORCH_LOGS
+    for g in rc["guard"].unique().to_list():
+        assert html.e(g) in sec
+    assert "hit: fell back to eager" in sec
+    assert "<td class=num>9</td><td class=num>8</td>" in sec  # compiles, recompiles of the frame
+
+
+def test_no_compile_section_content_without_compile_records():
+    sec = _compile_section(checked(str(FIXTURES / "h200x2-straggler")))
+    assert "No torch.compile record" in sec and "<table" not in sec
+
+
+# --- findings: severity, cost, causes before consequences ---------------------------------------------------------
+
+
+def test_consequences_sit_under_their_cause_with_costs():
+    import copy
+
+    from traceql.model.result import CheckResult
+
+    base = checked(str(FIXTURES / "h200x2-straggler"))
+    findings = copy.deepcopy(base.findings)
+    cause = next(f for f in findings if f.rule == "TQL302")  # the straggler
+    victim = next(f for f in findings if f.rule == "TQL101")  # rank 0's exposed communication: its waits
+    cause.cost_ms_per_step, cause.cost_pct = 48.5, 41.25
+    victim.caused_by = cause.fingerprint
+    page = html.render(CheckResult(run=base.run, results=base.results, findings=findings))
+    sec = page[page.index("id=findings>"):]
+    assert "costs 48.50 ms per step, 41.2% of the step time" in sec or "costs 48.50 ms per step, 41.3% of the step time" in sec
+    # nesting: the victim's div opens inside the cause's div, before it closes
+    nest = _finding_parents(sec)
+    assert nest[victim.fingerprint] == cause.fingerprint
+    assert all(nest[f.fingerprint] is None for f in findings if f is not victim)
+    # severity headers in order error, warning, info, and the victim no longer counted under its own rule
+    heads = re.findall(r"<h3 class=sevhead><span class='sev (\w+)'>", sec)
+    assert heads == sorted(set(heads), key=["error", "warning", "info"].index)
+    assert "TQL101 exposed-communication" not in sec.split(f"id='f-{cause.fingerprint}'")[0]
+
+
+def _finding_parents(section: str) -> dict:
+    class P(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.stack, self.parent = [], {}
+
+        def handle_starttag(self, tag, attrs):
+            if tag != "div":
+                return
+            fid = dict(attrs).get("id", "") or ""
+            fp = fid[2:] if fid.startswith("f-") else None
+            if fp:
+                self.parent[fp] = next((x for x in reversed(self.stack) if x), None)
+            self.stack.append(fp)
+
+        def handle_endtag(self, tag):
+            if tag == "div" and self.stack:
+                self.stack.pop()
+
+    p = P()
+    p.feed(section)
+    return p.parent
+
+
+# --- bounded on a million distinct names ---------------------------------------------------------------------------
+
+
+def test_page_stays_bounded_on_a_million_distinct_kernel_names():
+    """A synthetic run (in memory): 2 ranks, 10 steps, 1,000,000 kernels, every one with its own name. The page
+    keeps the longest events and the names with the most time, says what it cut, and stays a few MB."""
+    from traceql.model import Run
+    from traceql.model.result import CheckResult
+    from traceql.model.source import Source
+    from traceql.model.tables import conform
+
+    n, steps = 1_000_000, 10
+    per = n // 2
+    k = pl.DataFrame({"i": pl.int_range(n, eager=True)}).with_columns(
+        (pl.col("i") % 2).cast(pl.Int32).alias("rank"), pl.lit(0, pl.Int32).alias("source"), pl.col("i").alias("id"),
+        pl.lit(0, pl.Int32).alias("device"), (7 + pl.col("i") % 3 // 2).alias("stream"),
+        pl.format("void kernel_{}<float, {}>", pl.col("i"), pl.col("i") % 97).alias("name"),
+        pl.when(pl.col("i") % 10 == 0).then(pl.lit("comm")).otherwise(pl.lit("compute")).alias("kind"),
+        ((pl.col("i") // 2) * 2000).alias("ts"), (1000 + pl.col("i") % 1000).alias("dur"),
+    ).with_columns((pl.col("ts") + pl.col("dur")).alias("end"), ((pl.col("i") // 2) * steps // per).alias("step")).drop("i")
+    span = per * 2000 // steps
+    st = pl.DataFrame({"rank": [r for r in (0, 1) for _ in range(steps)], "source": [0] * 2 * steps,
+                       "step": [s for _ in (0, 1) for s in range(steps)]}).with_columns(
+        (pl.col("step") * span).alias("ts")).with_columns((pl.col("ts") + span).alias("end"), pl.lit(span).alias("dur"))
+    run = Run(path=Path("synthetic-1M"), sources=[Source(path=Path("synthetic-1M/trace.json"), kind="kineto", ranks=[0, 1])],
+              tables={"kernels": conform("kernels", k), "steps": conform("steps", st)})
+    page = html.render(CheckResult(run=run, results=[]))
+    assert len(page.encode()) < 4_000_000, len(page.encode())
+    data = timeline(page)
+    assert sum(len(ln["e"]) // 5 for ln in data["lanes"]) == html_timeline.MAX_EVENTS
+    assert len(data["names"]) == html_timeline.MAX_NAMES
+    assert any("distinct names not kept" in c for c in data["cut"]) and any("events not drawn" in c for c in data["cut"])
+    assert "1,000,000 distinct names" in page  # the kernels section counts all of them, and lists the top ones only
+    kern = page[page.index("id=kernels>"): page.index("id=compile>")]
+    assert kern.count("<tr>") <= 1 + html.TOP_KERNELS + 1 + 2 * html.TOP_KERNELS_PER_RANK
+    assert {len(s["w"]) for s in data["steps"]} == {2} and len(data["steps"]) == steps

@@ -30,7 +30,7 @@ td.hot{background:#fde2e1}td.cold{background:#e3f1e3}td.diverge{background:#fde2
 .note{color:#555}.ok{color:#1e8449}.warn{color:#b9770e}.notes{color:#555}.cut{color:#a04000}
 .sw{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;vertical-align:middle}
 .scroll{overflow-x:auto}svg text{font:11px system-ui,sans-serif;fill:#333}svg text.rk{font-weight:600}
-td.bar{padding:2px 8px}code,.mono{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;word-break:break-all}
+td.bar{padding:2px 8px}code,.mono{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;word-break:break-all}.pre{white-space:pre-wrap}
 .rule{margin:16px 0;padding:8px 12px;border-left:4px solid #ddd}.rule.error{border-color:#c0392b}
 .rule.warning{border-color:#d68910}.rule.info{border-color:#2e86c1}
 .finding{margin:8px 0 8px 8px;padding:6px 10px;background:#fafafa}.finding .finding{background:#f2f2f2;margin-left:24px}
@@ -191,6 +191,8 @@ function draw() {
     c.fillText(tickLabel(t, tick), tx, ay + 15);
   }
   rangeEl.textContent = "showing " + ms(span) + " from " + ms(view.a - ref);
+  root.setAttribute("data-view", view.a.toFixed(3) + " " + view.b.toFixed(3));
+  root.setAttribute("data-step", sel.value);
 }
 
 function pick(ev) {
@@ -276,6 +278,9 @@ document.querySelectorAll("a.go-step").forEach(function (a) {
   });
 });
 showStep(D.initial === null || D.initial === undefined ? "all" : String(D.initial));
+// a link to one finding on the timeline: report.html#show-FINGERPRINT
+var wanted = /^#show-([0-9a-f]+)$/.exec(location.hash);
+if (wanted) showFinding(wanted[1]);
 root.setAttribute("data-lanes", String(lanes.length));
 root.setAttribute("data-ranks", String(D.ranks.length));
 root.setAttribute("data-links", String(D.links.length));

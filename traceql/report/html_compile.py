@@ -113,7 +113,7 @@ def _compile_ids(ce: pl.DataFrame) -> str:
     for r in g.head(MAX_ROWS).iter_rows(named=True):
         out.append(f"<tr><td>{_e(r['compile_id'])}</td><td>{_e(r['function'])}</td><td class=mono>{_e(r['location'])}</td>"
                    f"<td>{_e(format_ranks(r['ranks']))}</td><td class=num>{(r['_dur'] or 0) / 1e9:.2f}</td><td class=num>{r['breaks']}</td>"
-                   f"<td class=num>{r['ops']}</td><td class=num>{r['hits']} / {r['misses']}</td><td class=mono>{_e(r['recompile_reason'])}</td></tr>")
+                   f"<td class=num>{r['ops']}</td><td class=num>{r['hits']} / {r['misses']}</td><td class='mono pre'>{_e(r['recompile_reason'])}</td></tr>")
     out.append("</tbody></table>" + _more(n, min(n, MAX_ROWS), "compile ids"))
     return "\n".join(out)
 
@@ -195,7 +195,7 @@ def _recompiles(run, ce: pl.DataFrame, kinds: Counter) -> str:
         out.append(f"<details><summary>Each recompile ({g.height}) with its reason</summary><table class=grid><thead><tr><th>compile id</th>"
                    "<th>ranks</th><th>reason</th><th>failed guard</th></tr></thead><tbody>")
         for r in g.head(MAX_ROWS).iter_rows(named=True):
-            out.append(f"<tr><td>{_e(r['compile_id'])}</td><td>{_e(format_ranks(r['ranks']))}</td><td class=mono>{_e(r['reason'])}</td>"
+            out.append(f"<tr><td>{_e(r['compile_id'])}</td><td>{_e(format_ranks(r['ranks']))}</td><td class='mono pre'>{_e(r['reason'])}</td>"
                        f"<td class=mono>{_e(r['guard'])}</td></tr>")
         out.append("</tbody></table>" + _more(g.height, min(g.height, MAX_ROWS), "recompiles") + "</details>")
     return "\n".join(out)
@@ -269,7 +269,7 @@ def _failures(run) -> str:
                "<th>outcome</th><th>user frame</th></tr></thead><tbody>")
     for r in f.head(MAX_ROWS).iter_rows(named=True):
         out.append(f"<tr><td>{_e(r['ranks_text'])}</td><td>{_e(r['compile_ids'])}</td><td class=mono>{_e(r['function'])} {_e(r['location'])}</td>"
-                   f"<td>{_e(r['fail_type'])}</td><td class=mono>{_e(r['reason'])}</td><td>{_e(r['outcome'])}</td><td class=mono>{_e(r['user_frame'])}</td></tr>")
+                   f"<td>{_e(r['fail_type'])}</td><td class='mono pre'>{_e(r['reason'])}</td><td>{_e(r['outcome'])}</td><td class=mono>{_e(r['user_frame'])}</td></tr>")
     out.append("</tbody></table>" + _more(f.height, min(f.height, MAX_ROWS), "failures"))
     return "\n".join(out)
 
