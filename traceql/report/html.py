@@ -273,7 +273,7 @@ def _timeline(result: CheckResult, step: int | None) -> str:
         "<section id=timeline><h2>Timeline of every rank</h2>"
         f"<p class=note>{e(clock)}. Lanes: each rank's busiest host threads (top-level ops) and one lane per GPU stream. "
         "A black tick is a rank's arrival at a collective matched across ranks (dark red: the last to arrive), joined by a line "
-        "across the ranks; the red shade is the time a rank waited for the last one. Triangles are findings at their evidence. "
+        "across the ranks; the purple shade is the time a rank waited for the last one. Triangles are findings at their evidence. "
         "Wheel or w/s to zoom, drag or a/d to pan, shift+wheel to scroll, double-click to reset.</p>"
         f"<p class=legend>{legend}</p>"
         + (f"<ul class=cut>{cut}</ul>" if cut else "")
@@ -503,7 +503,7 @@ def _finding(f, root: Path, children: dict, seen: set) -> str:
     meta.append(f"<a href='#timeline' class=show-tl data-fp='{e(f.fingerprint)}'>show on the timeline</a>")
     out.append(f"<p class=meta>{' · '.join(meta)}</p>")
     if f.evidence:
-        out.append("<table class=kv>" + "".join(f"<tr><th>{e(k)}</th><td>{e(_fmt(v))}</td></tr>" for k, v in f.evidence.items()) + "</table>")
+        out.append("<div class=ev>" + "".join(f"<span><b>{e(k)}</b> {e(_fmt(v))}</span>" for k, v in f.evidence.items()) + "</div>")
     if f.sources:
         rel = []
         for p in f.sources:

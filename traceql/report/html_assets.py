@@ -44,7 +44,8 @@ footer{margin-top:40px;color:#888;font-size:12px}
 white-space:nowrap;text-overflow:ellipsis;pointer-events:none}.tl-label.first b{color:#222}
 .tip{position:absolute;z-index:4;max-width:520px;background:#222;color:#fff;padding:4px 8px;border-radius:3px;font-size:12px;
 pointer-events:none;white-space:pre-wrap;word-break:break-all}
-a.show-tl{font-size:12px}
+a.show-tl{font-size:12px}.ev{display:flex;flex-wrap:wrap;gap:2px 18px;font-size:12px;margin:4px 0}.ev b{color:#555;font-weight:600}
+.ev span{max-width:100%;overflow-wrap:anywhere}
 """
 
 # The timeline: lanes of events per rank on a canvas, zoom (wheel, +/-, w/s), pan (drag, a/d), a step selector,
@@ -111,7 +112,7 @@ function lower(e, v) {  // first event index with start >= v
 }
 function ms(us) { return Math.abs(us) >= 1000 ? (us / 1000).toFixed(us >= 1e5 ? 1 : 3) + " ms" : us.toFixed(1) + " us"; }
 function tickLabel(us, tick) {  // as many decimals as the tick needs, no more
-  var unit = tick >= 1000 ? 1000 : 1, v = us / unit, d = Math.max(0, -Math.floor(Math.log10(tick / unit) + 1e-9));
+  var unit = (tick >= 1000 || Math.abs(us) >= 1000) ? 1000 : 1, v = us / unit, d = Math.max(0, -Math.floor(Math.log10(tick / unit) + 1e-9));
   return v.toFixed(Math.min(d, 6)) + (unit === 1000 ? " ms" : " us");
 }
 function laneAt(py) { for (var i = 0; i < lanes.length; i++) if (py >= lanes[i].y && py < lanes[i].y + LH) return i; return -1; }
@@ -134,6 +135,7 @@ function draw() {
       c.beginPath(); c.moveTo(xa + 0.5, ls[0].y - 3); c.lineTo(xa + 0.5, ls[ls.length - 1].y + LH + 2); c.stroke();
     }
   });
+  c.save(); c.beginPath(); c.rect(x0, 0, w, H - AXIS + 2); c.clip();  // nothing drawn over the lane labels
   lanes.forEach(function (ln) {
     var e = ln.e, n = e.length / F, lastX = -1, lastK = -1;
     for (var i = lower(e, view.a - ln.maxd - 1e-9); i < n; i++) {
@@ -167,6 +169,7 @@ function draw() {
       });
     });
   }
+  c.restore();
   D.marks.forEach(function (m) {
     var li = firstLane[m.rank]; if (li === undefined) return;
     var xx = X(m.t0); if (xx < x0 - 6 || xx > x0 + w + 6) return;

@@ -23,6 +23,21 @@ MAX_LINKS = 3_000  # matched collectives drawn (largest skew first)
 MAX_STEPS = 5_000
 HOST_THREADS_PER_RANK = 2  # host lanes per rank: the threads with the most top-level time
 KINDS = ["compute", "comm", "memcpy", "memset", "host", "other"]
+# Evidence that is an interval of a derived table: the evidence keys it needs, the table, the columns that must equal
+# the evidence's, a filter, start and end columns, whether they are on the aligned clock already, and what picks one
+# row (the largest value of that column; None: the longest interval). A GPU gap names its neighbours by short name,
+# so it is found in gpu_idle_gaps, not in kernels; a straggler's evidence is the collective it arrived last at with
+# the largest skew; exposed communication, the step's longest collective on the rank.
+_INTERVALS = [
+    {"keys": ("gap_ms", "prev_name", "next_name"), "table": "gpu_idle_gaps", "match": ("prev_name", "next_name"), "where": None,
+     "ts": "gap_ts", "end": "gap_end", "aligned": False, "pick": None},
+    {"keys": ("wait_caused_ms",), "table": "collective_instances", "match": (), "where": pl.col("is_last"),
+     "ts": "arrival", "end": "end", "aligned": True, "pick": "skew_ms"},
+    {"keys": ("excess_ms",), "table": "collective_instances", "match": (), "where": pl.col("is_last"),
+     "ts": "arrival", "end": "end", "aligned": True, "pick": "skew_ms"},
+    {"keys": ("exposed_ms",), "table": "collective_instances", "match": (), "where": None,
+     "ts": "arrival", "end": "end", "aligned": True, "pick": None},
+]
 # evidence fields that name a kernel, host op or runtime call the finding is about, most specific first
 _NAME_KEYS = ("kernel", "name", "fp32_example", "low_example", "prev_name", "next_name", "call", "host_op", "function")
 
@@ -223,6 +238,8 @@ def _marks(result: CheckResult, shift, steps: pl.DataFrame, events: pl.DataFrame
                 where, t0, t1 = f"{r['op']} #{r['seq']}", r["arrival"], r["end"]
                 step = r["step"] if step is None else step
         if where is None and rank is not None:
+            where, t0, t1, step = _by_interval(ev, rank, step, run, shift)
+        if where is None and rank is not None:
             where, t0, t1, step = _by_name(ev, rank, step, events, kept, run, shift)
         if where is None and rank is not None and step is not None:
             w = st.filter((pl.col("rank") == rank) & (pl.col("step") == step))
@@ -247,6 +264,36 @@ def _ci(run, shift) -> pl.DataFrame:
                                     "arrival": pl.Float64, "end": pl.Float64, "step": pl.Int64})
     ci = ci.filter(pl.col("arrival").is_not_null()).with_columns(pl.coalesce("end", "arrival").alias("end"))
     return shift(ci, ["arrival", "end"])
+
+
+def _by_interval(ev: dict, rank: int, step, run, shift):
+    """The interval of a derived table that the evidence describes, on the rank, in the step where known."""
+    for spec in _INTERVALS:
+        if not all(ev.get(x) is not None for x in spec["keys"]) or spec["table"] not in link.derived_tables():
+            continue
+        try:
+            t = link.ensure(run, spec["table"])
+        except Exception:  # the table failing loses this placement, not the report
+            continue
+        a, b = spec["ts"], spec["end"]
+        sel = t.filter((pl.col("rank") == rank) & pl.col(a).is_not_null() & pl.col(b).is_not_null())
+        if spec["where"] is not None:
+            sel = sel.filter(spec["where"])
+        for c in spec["match"]:
+            sel = sel.filter(pl.col(c) == ev[c])
+        if step is not None and sel.filter(pl.col("step") == step).height:
+            sel = sel.filter(pl.col("step") == step)
+        if sel.height == 0:
+            continue
+        label = (pl.format("{} #{}", pl.col("op"), pl.col("seq")) if spec["table"] == "collective_instances"
+                 else pl.lit(spec["table"].replace("_", " ")))
+        sel = sel.select("rank", "step", label.alias("_w"), pl.col(a).alias("ts"), pl.col(b).alias("end"),
+                         (pl.col(spec["pick"]) if spec["pick"] else pl.col(b) - pl.col(a)).cast(pl.Float64).alias("_x"))
+        if not spec["aligned"]:
+            sel = aligner(run)(sel, ["ts", "end"])
+        r = shift(sel, ["ts", "end"]).sort("_x", descending=True, nulls_last=True).row(0, named=True)
+        return f"{r['_w']} ({r['end'] - r['ts']:.1f} us)", r["ts"], r["end"], step if step is not None else r["step"]
+    return None, None, None, step
 
 
 def _by_name(ev: dict, rank: int, step, events: pl.DataFrame, kept: list, run, shift):
