@@ -25,7 +25,7 @@ from traceql import __version__, link
 from traceql.model.finding import SEVERITY_ORDER
 from traceql.model.ranks import format_ranks
 from traceql.model.result import CheckResult
-from traceql.report.html_assets import CSS, SCRIPT, SCRIPT_CSP, e
+from traceql.report.html_assets import CSS, SCRIPT, SCRIPT_CSP, cut, e
 from traceql.report.html_compile import compile_section
 from traceql.report.html_timeline import timeline_data
 
@@ -378,7 +378,7 @@ def _top_kernels(run) -> str:
     out.append("<table class=grid><thead><tr><th>kernel</th><th>kind</th><th class=num>total ms</th><th class=num>share</th>"
                "<th class=num>calls</th><th class=num>mean us</th><th class=num>ranks</th></tr></thead><tbody>")
     for r in g.iter_rows(named=True):
-        out.append(f"<tr><td class=mono title='{e(_cut(r['name'], 2000))}'>{e(_cut(r['name']))}</td><td>{e(r['kind'])}</td>"
+        out.append(f"<tr><td class=mono title='{e(cut(r['name'], 2000))}'>{e(cut(r['name']))}</td><td>{e(r['kind'])}</td>"
                    f"<td class=num>{r['ms']:.2f}</td><td class=num>{100 * r['ms'] / total_ms:.1f}%</td><td class=num>{r['n']:,}</td>"
                    f"<td class=num>{1000 * r['ms'] / max(r['n'], 1):.1f}</td><td class=num>{r['ranks']}</td></tr>")
     out.append("</tbody></table>")
@@ -393,18 +393,13 @@ def _top_kernels(run) -> str:
         out.append(f"<h3>Per rank (top {TOP_KERNELS_PER_RANK})</h3><table class=grid><thead><tr><th>rank</th><th>kernel</th>"
                    "<th class=num>ms</th><th class=num>share of the rank</th><th class=num>calls</th></tr></thead><tbody>")
         for r in per.iter_rows(named=True):
-            out.append(f"<tr><td>{e(r['rank'])}</td><td class=mono title='{e(_cut(r['name'], 2000))}'>{e(_cut(r['name']))}</td>"
+            out.append(f"<tr><td>{e(r['rank'])}</td><td class=mono title='{e(cut(r['name'], 2000))}'>{e(cut(r['name']))}</td>"
                        f"<td class=num>{r['ms']:.2f}</td><td class=num>{r['pct']:.1f}%</td><td class=num>{r['n']:,}</td></tr>")
         out.append("</tbody></table>")
         if len(ranks) > len(shown):
             out.append(f"<p class=cut>{len(ranks) - len(shown)} more rank(s) not shown per rank.</p>")
     out.append("</section>")
     return "\n".join(out)
-
-
-def _cut(v, n: int = 160) -> str:
-    s = "" if v is None else str(v)
-    return s if len(s) <= n else s[: n - 1] + "\u2026"
 
 
 # ---------------------------------------------------------------------------------------------------- findings

@@ -14,6 +14,12 @@ def e(v) -> str:
     return _html.escape("" if v is None else str(v), quote=True)
 
 
+def cut(v, n: int = 160) -> str:
+    """v as text of at most n characters (an ellipsis says it was cut): kernel names can be kilobytes of templates."""
+    s = "" if v is None else str(v)
+    return s if len(s) <= n else s[: n - 1] + "\u2026"
+
+
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;max-width:1400px}
 nav{position:sticky;top:0;background:#fff;padding:4px 0;border-bottom:1px solid #eee;z-index:5}

@@ -6,6 +6,7 @@ a table this version lacks loses its part of the section, not the report."""
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 
 import polars as pl
@@ -61,11 +62,10 @@ def _per_rank(run, ce: pl.DataFrame) -> str:
     times = {r["rank"]: r for r in ct.iter_rows(named=True)} if ct is not None else {}
     med = None
     if times:
-        vals = sorted(float(r["compile_s"] or 0) for r in times.values())
-        med = vals[len(vals) // 2]
-    out = ["<h3>Per rank</h3><table class=grid><thead><tr><th>rank</th><th class=num>compile time (s)</th><th class=num>share of run</th>"
-           "<th class=num>compile ids</th><th class=num>graph breaks</th><th class=num>recompiles</th><th class=num>cache hit / miss / bypass</th>"
-           "<th>note</th></tr></thead><tbody>"]
+        med = statistics.median(float(r["compile_s"] or 0) for r in times.values())
+    out = [("<h3>Per rank</h3><table class=grid><thead><tr><th>rank</th><th class=num>compile time (s)</th><th class=num>share of run</th>"
+            "<th class=num>compile ids</th><th class=num>graph breaks</th><th class=num>recompiles</th><th class=num>cache hit / miss / bypass</th>"
+            "<th>note</th></tr></thead><tbody>")]
     for r in counts.iter_rows(named=True):
         t = times.get(r["rank"])
         cs = None if t is None else t["compile_s"]
@@ -106,10 +106,10 @@ def _compile_ids(ce: pl.DataFrame) -> str:
     breaks = _breaks(ce.filter(pl.col("kind") == "graph_break")).group_by("compile_id").agg(pl.len().alias("breaks"))
     g = g.join(breaks, on="compile_id", how="left").with_columns(pl.col("breaks").fill_null(0))
     n = g.height
-    out = ["<h3>Compile ids</h3><p class=note>Each frame torch.compile traced (frame/attempt; an attempt above 0 is a recompile), "
-           "on the ranks that logged it. Compile time and graph breaks are summed over those ranks.</p>",
-           "<table class=grid><thead><tr><th>compile id</th><th>function</th><th>location</th><th>ranks</th><th class=num>compile (s)</th>"
-           "<th class=num>graph breaks</th><th class=num>graph ops</th><th class=num>cache hit / miss</th><th>recompiled because</th></tr></thead><tbody>"]
+    out = [("<h3>Compile ids</h3><p class=note>Each frame torch.compile traced (frame/attempt; an attempt above 0 is a recompile), "
+            "on the ranks that logged it. Compile time and graph breaks are summed over those ranks.</p>"),
+           ("<table class=grid><thead><tr><th>compile id</th><th>function</th><th>location</th><th>ranks</th><th class=num>compile (s)</th>"
+            "<th class=num>graph breaks</th><th class=num>graph ops</th><th class=num>cache hit / miss</th><th>recompiled because</th></tr></thead><tbody>")]
     for r in g.head(MAX_ROWS).iter_rows(named=True):
         out.append(f"<tr><td>{_e(r['compile_id'])}</td><td>{_e(r['function'])}</td><td class=mono>{_e(r['location'])}</td>"
                    f"<td>{_e(format_ranks(r['ranks']))}</td><td class=num>{(r['_dur'] or 0) / 1e9:.2f}</td><td class=num>{r['breaks']}</td>"

@@ -15,12 +15,14 @@ import polars as pl
 from traceql import link
 from traceql.model.result import CheckResult
 from traceql.report._align import aligner
+from traceql.report.html_assets import cut
 
 MAX_EVENTS = 60_000  # rects over all lanes; the longest are kept
 MAX_NAMES = 3_000  # distinct names kept (by total time); the others show as "name not kept"
 MAX_NAME_CHARS = 160
 MAX_LINKS = 3_000  # matched collectives drawn (largest skew first)
 MAX_STEPS = 5_000
+MAX_RANKS = 64  # ranks with lanes: those the findings name first, then the lowest
 HOST_THREADS_PER_RANK = 2  # host lanes per rank: the threads with the most top-level time
 KINDS = ["compute", "comm", "memcpy", "memset", "host", "other"]
 # Evidence that is an interval of a derived table: the evidence keys it needs, the table, the columns that must equal
@@ -79,6 +81,13 @@ def timeline_data(result: CheckResult) -> dict:
         df = df.join(firsts, on="rank", how="left")
         return df.with_columns(*[_us(c, pl.col("_o")).alias(c) for c in cols if c in df.columns]).drop("_o")
 
+    all_ranks = sorted(set(k["rank"].unique().to_list()) | set(h["rank"].unique().to_list()))
+    if len(all_ranks) > MAX_RANKS:
+        named = sorted({r for f in result.findings for r in f.ranks} & set(all_ranks))[:MAX_RANKS]
+        keep = set(named) | set([r for r in all_ranks if r not in named][: MAX_RANKS - len(named)])
+        cut.append(f"{len(all_ranks) - len(keep):,} of {len(all_ranks):,} ranks not drawn (the ranks findings name come first, "
+                   "then the lowest)")
+        k, h = k.filter(pl.col("rank").is_in(keep)), h.filter(pl.col("rank").is_in(keep))
     total = k.height + h.height
     events = pl.concat([
         k.with_columns(pl.format("gpu{} s{}", pl.col("device").fill_null(-1), pl.col("stream").fill_null(-1)).alias("lane"),
@@ -99,7 +108,7 @@ def timeline_data(result: CheckResult) -> dict:
             .head(MAX_NAMES)["name"].to_list())
     if n_names > MAX_NAMES:
         cut.append(f"{n_names - MAX_NAMES:,} of {n_names:,} distinct names not kept (the least time); their events show without a name")
-    names = [_cut_name(n) for n in kept]
+    names = [_cut(n) for n in kept]
     name_idx = pl.DataFrame({"name": kept, "_n": list(range(len(kept)))}, schema={"name": pl.String, "_n": pl.Int64})
     events = shift(events, ["ts", "end"]).join(name_idx, on="name", how="left").with_columns(
         pl.col("_n").fill_null(-1),
@@ -130,6 +139,10 @@ def timeline_data(result: CheckResult) -> dict:
     }
 
 
+def _cut(v) -> str:
+    return cut(v, MAX_NAME_CHARS)
+
+
 def _host_ops(run) -> pl.DataFrame:
     """Top-level host ops (not the profiler's own span), with a ProfilerStep#N op replaced by its children: the step is drawn as step boundaries,
     and one grey bar the length of the step would hide what the host did in it."""
@@ -142,11 +155,6 @@ def _host_ops(run) -> pl.DataFrame:
     steps = h.filter((pl.col("depth") == 0) & is_step).select("rank", "source", pl.col("id").alias("parent"))
     under = h.join(steps, on=["rank", "source", "parent"], how="semi")
     return pl.concat([h.filter((pl.col("depth") == 0) & ~is_step), under])
-
-
-def _cut_name(n) -> str:
-    s = "" if n is None else str(n)
-    return s if len(s) <= MAX_NAME_CHARS else s[: MAX_NAME_CHARS - 1] + "\u2026"
 
 
 def _steps(shift, steps: pl.DataFrame, events: pl.DataFrame, cut: list[str]) -> list[dict]:
@@ -204,7 +212,7 @@ def _links(run, shift, lanes: list[dict], cut: list[str]) -> list[dict]:
             pts.append([lane, r["arrival"], r["wait_end"] if r["wait_end"] is not None else r["arrival"], r["end"],
                         round(float(r["wait_ms"] or 0.0), 3), int(bool(r["is_last"])), int(r["rank"])])
         if len(pts) >= 2:
-            out.append({"op": _cut_name(r0["op"]), "pg": _cut_name(r0["pg_name"] or r0["group"]), "seq": r0["seq"],
+            out.append({"op": _cut(r0["op"]), "pg": _cut(r0["pg_name"] or r0["group"]), "seq": r0["seq"],
                         "step": r0["step"], "skew": round(float(r0["skew_ms"] or 0.0), 3), "p": pts})
     return sorted(out, key=lambda x: min(p[1] for p in x["p"]))
 
@@ -251,8 +259,8 @@ def _marks(result: CheckResult, shift, steps: pl.DataFrame, events: pl.DataFrame
                 where, t0, t1 = "whole trace", w["ts"].min(), w["end"].max()
         if where is None:
             continue
-        out.append({"fp": f.fingerprint, "sev": f.severity, "rule": f.rule, "msg": _cut_name(f.message), "rank": rank,
-                    "ranks": list(f.ranks)[:64], "step": step, "t0": t0, "t1": t1, "where": _cut_name(where)})
+        out.append({"fp": f.fingerprint, "sev": f.severity, "rule": f.rule, "msg": _cut(f.message), "rank": rank,
+                    "ranks": list(f.ranks)[:64], "step": step, "t0": t0, "t1": t1, "where": _cut(where)})
     return out
 
 
@@ -316,5 +324,5 @@ def _by_name(ev: dict, rank: int, step, events: pl.DataFrame, kept: list, run, s
                     sel = shift(aligner(run)(rt, ["ts", "end"]).select("rank", "ts", "end", "step", "name"), ["ts", "end"])
         if sel.height:
             r = sel.with_columns((pl.col("end") - pl.col("ts")).alias("_x")).sort("_x", descending=True).row(0, named=True)
-            return f"{key} {_cut_name(v)}", r["ts"], r["end"], step if step is not None else r["step"]
+            return f"{key} {_cut(v)}", r["ts"], r["end"], step if step is not None else r["step"]
     return None, None, None, step
