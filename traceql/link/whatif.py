@@ -320,3 +320,21 @@ def whatif_table(run: Run, findings: list, specs: dict[str, dict],
             out.append((f, r))
     measured = replay(run, _empty_save(), "measured", base, groups)
     return measured.per_rank, out
+
+
+def cause_replays(run: Run, top_stragglers: int = 3) -> list[Replay]:
+    """The run replayed with each cause the tables can measure removed on every rank, whatever the rules found:
+    exposed communication overlapped, GPU idle closed, and each late rank on time (the costliest few)."""
+    base = base_steps(run)
+    if base.height == 0:
+        return []
+    groups = sync_groups(run)
+    out = [replay(run, exposed_comm_saves(base, None), "exposed_comm (all ranks)", base, groups),
+           replay(run, gpu_idle_saves(base, None), "gpu_idle (all ranks)", base, groups)]
+    if run.has("collectives"):
+        from traceql.link import ensure
+
+        late = ensure(run, "collective_instances").filter(pl.col("is_last").fill_null(False))["rank"].unique().to_list()
+        lr = [replay(run, straggler_saves(run, [int(x)]), f"straggler_delay (rank {x})", base, groups) for x in sorted(late)]
+        out += sorted([r for r in lr if (r.cost_ms_per_step or 0) > 0], key=lambda r: -r.cost_ms_per_step)[:top_stragglers]
+    return out
