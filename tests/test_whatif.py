@@ -168,3 +168,17 @@ def test_a_finding_without_the_evidence_field_gets_no_cost():
     f = Finding(rule="TQL999", name="x", severity="info", message="m", ranks=[0], evidence={})
     whatif.apply_costs(run, [f], {"TQL999": {"removes": "host_sync", "ms": "blocked_ms"}})
     assert f.cost_ms_per_step is None and f.cost_pct is None
+
+
+def test_a_mild_cause_does_not_explain_a_costlier_finding():
+    from traceql.rules.causes import link_causes
+
+    run = _run("h200x2-straggler")
+    late = Finding(rule="TQL302", name="s", severity="warning", message="m", ranks=[1], cost_ms_per_step=1.0)
+    big = Finding(rule="TQL101", name="e", severity="warning", message="m", ranks=[0], step=3, cost_ms_per_step=20.0)
+    small = Finding(rule="TQL101", name="e", severity="warning", message="m", ranks=[0], step=4, cost_ms_per_step=1.5)
+    other_rule = Finding(rule="TQL201", name="h", severity="warning", message="m", ranks=[0], cost_ms_per_step=0.1)
+    link_causes(run, [late, big, small, other_rule], {"TQL302": {"removes": "straggler_delay", "explains": ["TQL101"]}})
+    assert big.caused_by is None and other_rule.caused_by is None
+    assert small.caused_by == late.fingerprint  # across ranks: the late rank 1 explains rank 0's wait
+    assert late.caused_by is None

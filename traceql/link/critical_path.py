@@ -14,15 +14,18 @@ Algorithm (times on the aligned clock, link.clock):
    - the gap between K's start and the end of the previous activity on the device is idle when K had been
      launched before the device went idle, else the host's: the GPU waited for the host to launch K. The host's
      gap is split by what the host did (host_launch_ms, and its parts): fetching a batch (a DataLoader __next__
-     range: input_wait_ms), blocked in a sync call (host_sync_ms), else launching (Python, dispatch, launch calls,
-     or whatever else the host did). Where the host was blocked in a host-side collective (gloo) waiting for a
-     later rank, the path jumps to that rank at its arrival (host_jumps): its late launch, data wait or sync is
-     on the path of every rank that waited for it, and the walk goes on from that rank's last kernel before it.
+     range: input_wait_ms), inside a host-side collective (gloo: host_comm_ms), blocked in a sync call
+     (host_sync_ms), inside another recorded op or runtime call (launching: dispatch, launch calls), else outside
+     anything recorded (host_other_ms: Python between ops, a sleep). Where the host was blocked in a host-side
+     collective (gloo) waiting for a later rank, the path jumps to that rank at its arrival (host_jumps): its
+     late launch, data wait or sync is on the path of every rank that waited for it, and the walk goes on from
+     that rank's last kernel before it.
 3. The walk stops at the start of the step on the rank it is on (its ProfilerStep start, aligned); the gap from
    there to the first kernel on the path is split as in 2.
-So step_ms = compute_ms + exposed_comm_ms + host_launch_ms + idle_ms (host_launch_ms holds host_sync_ms and
-input_wait_ms), measured from the start of the step on the rank where the walk ended to the end of the step's last
-kernel; rank_jumps counts every jump to another rank, host_jumps those through host-side collectives.
+So step_ms = compute_ms + exposed_comm_ms + host_launch_ms + idle_ms (host_launch_ms holds host_sync_ms,
+input_wait_ms, host_comm_ms and host_other_ms), measured from the start of the step on the rank where the walk ended
+to the end of the step's last kernel; rank_jumps counts every jump to another rank, host_jumps those through
+host-side collectives.
 
 Ranks without GPU activity (gloo on CPU) have no kernels: their steps have no critical path here (run.notes says
 so); their waits are in collective_instances.
@@ -41,7 +44,8 @@ from traceql.model import Run
 
 CP_SCHEMA = {"step": pl.Int64, "rank": pl.Int32, "ranks_on_path": pl.List(pl.Int32), "step_ms": pl.Float64,
              "compute_ms": pl.Float64, "exposed_comm_ms": pl.Float64, "host_launch_ms": pl.Float64, "idle_ms": pl.Float64,
-             "host_sync_ms": pl.Float64, "input_wait_ms": pl.Float64,
+             "host_sync_ms": pl.Float64, "input_wait_ms": pl.Float64, "host_comm_ms": pl.Float64,
+             "host_other_ms": pl.Float64,
              "exposed_comm_pct": pl.Float64, "host_launch_pct": pl.Float64, "path_kernels": pl.Int64, "rank_jumps": pl.Int64,
              "host_jumps": pl.Int64, "last_kernel": pl.Utf8}
 
@@ -136,6 +140,20 @@ def _prev_on_device(k: pl.DataFrame) -> pl.Series:
     return out.scatter(allp["_row"], allp["_p"])
 
 
+def _below_steps(run: Run) -> pl.DataFrame:
+    """Host ops that do not span a whole step of their rank and source (those hold everything the host did)."""
+    h = run.table("host_ops").select("rank", "source", "id", "ts", "end").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null())
+    st = run.table("steps").select("rank", "source", pl.col("ts").alias("_sts"), pl.col("end").alias("_send"))
+    if h.height == 0 or st.height == 0:
+        return h
+    shortest = st.group_by("rank", "source").agg((pl.col("_send") - pl.col("_sts")).min().alias("_min"))
+    # only ops as long as a step can hold one: a few per rank, so the join with the steps stays small
+    long = h.join(shortest, on=["rank", "source"], how="inner").filter(pl.col("end") - pl.col("ts") >= pl.col("_min"))
+    spans = long.join(st, on=["rank", "source"], how="inner").filter(
+        (pl.col("ts") <= pl.col("_sts")) & (pl.col("end") >= pl.col("_send"))).select("rank", "source", "id").unique()
+    return h.join(spans, on=["rank", "source", "id"], how="anti")
+
+
 class _HostView:
     """What each rank's host did, on the aligned clock, for the walk's host gaps: DataLoader fetches, blocking sync
     calls, and its waits in host-side collectives (gloo: the call blocks the host) for a later rank;
@@ -158,6 +176,14 @@ class _HostView:
                         .select("rank", "ts", "end"))
         self.loader = self._cover(intervals, loader)
         self.syncs = self._cover(intervals, syncs)
+        # host-side collectives: calls with no GPU kernel (gloo), as collective_matches defines host_only
+        # the host's own work: any op or range, and runtime calls (launches); outside all of them the host ran
+        # code the profiler did not record (Python between ops, a sleep, another library)
+        # (not the ranges that hold a whole step: ProfilerStep#N, the profiler's own range, a "train" NVTX range)
+        ops = pl.concat([_below_steps(run).select("rank", "ts", "end"), run.table("runtime").select("rank", "ts", "end")])
+        self.ops = self._cover(intervals, aligned(ops))
+        hc = run.table("collectives").filter(pl.col("kernel_ts").is_null() & pl.col("kernel_end").is_null()).select("rank", "ts", "end")
+        self.host_comm = self._cover(intervals, aligned(hc))
         self.waits: dict[int, tuple[list[int], list[tuple[int, int]]]] = {}
         if run.has("collectives"):
             ci = ensure(run, "collective_instances").filter(
@@ -200,17 +226,24 @@ class _HostView:
         return max(0, upto(b) - upto(a))
 
     def classify(self, r: int, a: int, b: int, parts: dict) -> None:
-        """Charge the host gap [a, b) of rank r: the part the host spent in a DataLoader fetch to input, the part it
+        """Charge the host gap [a, b) of rank r: the part the host spent in a DataLoader fetch to input, in a
+        host-side collective (gloo: after any wait for a later rank, which the walk crosses) to comm, the part it
         was still blocked in a sync call to sync (a sync returns when the GPU work it waits for ends; blocked past
         that, it waits for something else: an event of another stream, a host-side copy), the rest to launching
-        (Python, dispatch, the launch calls, or the host's own work such as a sleep)."""
+        where the host was inside a recorded op or runtime call (dispatch, launch calls), else to other (code the
+        profiler did not record: Python between ops, a sleep)."""
         if b <= a:
             return
         inp = self._within(self.loader, r, a, b)
-        sync = min((b - a) - inp, self._within(self.syncs, r, a, b))
+        comm = min((b - a) - inp, self._within(self.host_comm, r, a, b))
+        sync = min((b - a) - inp - comm, self._within(self.syncs, r, a, b))
+        rest = (b - a) - inp - comm - sync
+        launch = min(rest, self._within(self.ops, r, a, b))
         parts["input"] += inp
+        parts["comm"] += comm
         parts["sync"] += sync
-        parts["launch"] += (b - a) - inp - sync
+        parts["launch"] += launch
+        parts["other"] += rest - launch
 
     def wait(self, r: int, a: int, b: int) -> tuple[int, int] | None:
         """(end of the wait, late rank) of rank r's latest host-side collective wait for another rank that ends
@@ -270,7 +303,7 @@ def critical_path(run: Run) -> pl.DataFrame:
     rows = []
     for s, i in last.sort("step").iter_rows():
         comp = comm = idle = 0
-        hp = {"launch": 0, "sync": 0, "input": 0}  # host-caused gap time: launching, after a sync, fetching data
+        hp = {"launch": 0, "sync": 0, "input": 0, "comm": 0, "other": 0}  # host-caused gap time, by what the host did
         t = end[i]
         t_end = end[i]
         on_path = {rank[i]}
@@ -346,11 +379,12 @@ def critical_path(run: Run) -> pl.DataFrame:
                 break
             cur = p
         total = t_end - t
-        launch = hp["launch"] + hp["sync"] + hp["input"]
+        launch = sum(hp.values())
         rows.append({
             "step": s, "rank": start_rank, "ranks_on_path": sorted(on_path), "step_ms": total / 1e6,
             "compute_ms": comp / 1e6, "exposed_comm_ms": comm / 1e6, "host_launch_ms": launch / 1e6, "idle_ms": idle / 1e6,
-            "host_sync_ms": hp["sync"] / 1e6, "input_wait_ms": hp["input"] / 1e6,
+            "host_sync_ms": hp["sync"] / 1e6, "input_wait_ms": hp["input"] / 1e6, "host_comm_ms": hp["comm"] / 1e6,
+            "host_other_ms": hp["other"] / 1e6,
             "exposed_comm_pct": 100.0 * comm / total if total > 0 else None,
             "host_launch_pct": 100.0 * launch / total if total > 0 else None,
             "path_kernels": n_path, "rank_jumps": jumps, "host_jumps": host_jumps, "last_kernel": name[i],

@@ -23,6 +23,10 @@ What each cause saves (`removes:` in a rule's `cost:` mapping):
 - host_sync: the rule's milliseconds blocked per step (`ms:`), but at most the rank's GPU idle time in the step
   where the rank has GPU activity: while the host blocks, the GPU runs the work it waits for; what the step loses
   is the GPU's idle time after the sync returns, until the host has queued work again.
+- launch_gaps without `ms:`: the step's critical path (link.critical_path) through the rank loses the time the GPU
+  waited for the host to launch work that the host spent launching (inside recorded ops and runtime calls; not
+  fetching data, not in a host-side collective, not blocked in a sync, not outside anything recorded such as a
+  sleep: those are other causes), on the ranks whose path it is.
 - gpu_idle, launch_gaps, recompile, graph_breaks, input_stall: the rule's own number of milliseconds per step on its
   ranks (`ms:` names the evidence field; `unit: s` for seconds; `total: true` for a whole-run total spread over the
   run's steps: a recompile paid once is amortised over the steps).
@@ -45,7 +49,7 @@ CAUSES = {
     "exposed_comm": {"cross_rank": False, "ms": False},
     "host_sync": {"cross_rank": False, "ms": True},
     "gpu_idle": {"cross_rank": False, "ms": None},  # ms optional
-    "launch_gaps": {"cross_rank": False, "ms": True},
+    "launch_gaps": {"cross_rank": False, "ms": None},  # ms optional
     "recompile": {"cross_rank": False, "ms": True},
     "graph_breaks": {"cross_rank": False, "ms": True},
     "input_stall": {"cross_rank": False, "ms": True},
@@ -138,6 +142,20 @@ def gpu_idle_saves(base: pl.DataFrame, ranks: list[int] | None) -> pl.DataFrame:
     b = base if ranks is None else base.filter(pl.col("rank").is_in(ranks))
     closed = pl.max_horizontal(pl.col("host_ms").fill_null(0.0), pl.col("gpu_span_ms") - pl.col("gpu_idle_ms").fill_null(0.0))
     return b.select("rank", "step", (pl.col("step_ms") - closed).fill_null(0.0).clip(lower_bound=0.0).alias("save_ms"))
+
+
+def launch_saves(run: Run, base: pl.DataFrame, ranks: list[int] | None) -> pl.DataFrame:
+    from traceql.link import ensure
+
+    cp = ensure(run, "critical_path")
+    if cp.height == 0:
+        return _empty_save()
+    pure = (pl.col("host_launch_ms") - pl.col("host_sync_ms") - pl.col("input_wait_ms") - pl.col("host_comm_ms")
+            - pl.col("host_other_ms")).clip(lower_bound=0.0)
+    per = cp.select("step", "ranks_on_path", pure.alias("_l")).explode("ranks_on_path").rename({"ranks_on_path": "rank"})
+    b = base if ranks is None else base.filter(pl.col("rank").is_in(ranks))
+    return b.select("rank", "step").join(per.with_columns(pl.col("rank").cast(pl.Int32)), on=["rank", "step"], how="inner") \
+        .select("rank", "step", pl.col("_l").alias("save_ms"))
 
 
 def fixed_saves(base: pl.DataFrame, ranks: list[int] | None, ms: float, gpu_bound: bool = False) -> pl.DataFrame:
@@ -241,6 +259,8 @@ def finding_saves(run: Run, finding, spec: dict, base: pl.DataFrame) -> pl.DataF
         return exposed_comm_saves(base, ranks)
     if cause == "gpu_idle" and not spec.get("ms"):
         return gpu_idle_saves(base, ranks)
+    if cause == "launch_gaps" and not spec.get("ms"):
+        return launch_saves(run, base, ranks)
     ms = _number(finding.evidence.get(spec["ms"]))
     if ms is None:
         return None

@@ -5,7 +5,8 @@ Both are data in the rule files. A rule's `cost:` mapping names the cause its fi
 a straggler's victims wait in collectives (exposed communication), their GPUs idle, and their step times differ.
 
 A cause explains a finding of a listed rule when the cause costs something (a cause that saves nothing explains
-nothing), the two are about the same ranks (for a cause that acts across ranks, such as a late rank: any rank of
+nothing) and at least half what the finding costs (a 1 ms straggler does not explain 20 ms of exposed
+communication: removing it would leave most of that), the two are about the same ranks (for a cause that acts across ranks, such as a late rank: any rank of
 its sync group) and the same step (or either spans every step). Where several causes explain one finding, the
 costliest is its cause. Chains are kept (a late rank -> exposed communication -> GPU idle gaps), never loops.
 """
@@ -17,6 +18,8 @@ from traceql.link import whatif
 
 def _explains(cause, spec: dict, other, groups: dict[int, int]) -> bool:
     if other.rule not in spec.get("explains", []) or other is cause:
+        return False
+    if (other.cost_ms_per_step or 0.0) > 2.0 * (cause.cost_ms_per_step or 0.0):
         return False
     if cause.step is not None and other.step is not None and cause.step != other.step:
         return False
