@@ -182,3 +182,13 @@ def test_a_mild_cause_does_not_explain_a_costlier_finding():
     assert big.caused_by is None and other_rule.caused_by is None
     assert small.caused_by == late.fingerprint  # across ranks: the late rank 1 explains rank 0's wait
     assert late.caused_by is None
+
+
+def test_a_cause_without_ranks_or_steps_costs_nothing_rather_than_failing():
+    run = _run("h200x2-straggler")
+    assert whatif.straggler_saves(run, []).height == 0
+    f = Finding(rule="TQL302", name="s", severity="warning", message="m", ranks=[])
+    whatif.apply_costs(run, [f], {"TQL302": {"removes": "straggler_delay"}})
+    assert f.cost_ms_per_step == 0.0
+    cpu = _run("cpu-ddp-eager")  # gloo on CPU: steps, no GPU; the GPU-idle cause has nothing to close
+    assert whatif.replay(cpu, whatif.gpu_idle_saves(whatif.base_steps(cpu), None)).cost_ms_per_step == 0.0

@@ -129,6 +129,8 @@ def straggler_saves(run: Run, late: list[int]) -> pl.DataFrame:
             "rank", "step", pl.min_horizontal("_wait", "_late").alias("save_ms"))
         own = lateness.select(pl.lit(x, pl.Int32).alias("rank"), "step", pl.col("_late").alias("save_ms"))
         parts += [own, others]
+    if not parts:
+        return _empty_save()
     out = pl.concat([p.select([pl.col(c).cast(t) for c, t in _SAVE.items()]) for p in parts])
     return out.group_by("rank", "step").agg(pl.col("save_ms").max()).with_columns(pl.col("save_ms").clip(lower_bound=0.0))
 
