@@ -11,6 +11,7 @@ from traceql.ingest.loader import ingest
 from traceql.model import Run
 from traceql.model.result import CheckResult
 from traceql.rules import config as cfgmod
+from traceql.rules.causes import attribute
 from traceql.rules.engine import run_rules
 from traceql.rules.loader import load_rules
 
@@ -74,6 +75,7 @@ def check(
     run = load_run(path, use_cache=use_cache, jobs=jobs, progress=progress)
     results = run_rules(run, chosen, overrides)
     result = CheckResult(run, results)
+    attribute(run, result.findings, chosen)  # what each finding costs per step, and which cause explains which
     drop = set(config.suppress) | (suppress or set())
     if drop:
         before = len(result.findings)

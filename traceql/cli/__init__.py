@@ -23,6 +23,7 @@ from traceql.cli.capture import capture_group  # noqa: E402
 from traceql.cli.graph import graph_command  # noqa: E402
 from traceql.cli.report import annotate, diff, query  # noqa: E402
 from traceql.cli.serve import serve  # noqa: E402
+from traceql.cli.whatif import whatif_command  # noqa: E402
 
-for _cmd in (annotate, diff, query, graph_command, capture_group, serve):
+for _cmd in (annotate, diff, query, graph_command, capture_group, serve, whatif_command):
     main.add_command(_cmd)

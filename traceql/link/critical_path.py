@@ -1,4 +1,4 @@
-"""Per step, across ranks: the chain of GPU activity that bounds the step, and where its time went.
+"""Per step, across ranks: the chain of work, GPU and host, that bounds the step, and where its time went.
 
 Algorithm (times on the aligned clock, link.clock):
 1. The step ends with its latest-ending kernel over all ranks; that kernel's rank bounds the step.
@@ -11,19 +11,28 @@ Algorithm (times on the aligned clock, link.clock):
      here), and K's time after the arrival is exposed communication.
    - otherwise K's time is compute (compute, memcpy, memset kernels) or exposed communication (comm kernels: on
      the path, so nothing else ran beside it that bounds the step).
-   - the gap between K's start and the end of the previous activity on the device is host launch time when K's
-     launch call ended after that activity did (the GPU waited for the host to launch K), else idle.
+   - the gap between K's start and the end of the previous activity on the device is idle when K had been
+     launched before the device went idle, else the host's: the GPU waited for the host to launch K. The host's
+     gap is split by what the host did (host_launch_ms, and its parts): fetching a batch (a DataLoader __next__
+     range: input_wait_ms), inside a host-side collective (gloo: host_comm_ms), blocked in a sync call
+     (host_sync_ms), inside another recorded op or runtime call (launching: dispatch, launch calls), else outside
+     anything recorded (host_other_ms: Python between ops, a sleep). Where the host was blocked in a host-side
+     collective (gloo) waiting for a later rank, the path jumps to that rank at its arrival (host_jumps): its
+     late launch, data wait or sync is on the path of every rank that waited for it, and the walk goes on from
+     that rank's last kernel before it.
 3. The walk stops at the start of the step on the rank it is on (its ProfilerStep start, aligned); the gap from
-   there to the first kernel on the path is host launch time when that kernel's launch ended after the step
-   started, else idle.
-So step_ms = compute_ms + exposed_comm_ms + host_launch_ms + idle_ms, measured from the start of the step on the
-rank where the walk ended to the end of the step's last kernel.
+   there to the first kernel on the path is split as in 2.
+So step_ms = compute_ms + exposed_comm_ms + host_launch_ms + idle_ms (host_launch_ms holds host_sync_ms,
+input_wait_ms, host_comm_ms and host_other_ms), measured from the start of the step on the rank where the walk ended
+to the end of the step's last kernel; rank_jumps counts every jump to another rank, host_jumps those through
+host-side collectives.
 
 Ranks without GPU activity (gloo on CPU) have no kernels: their steps have no critical path here (run.notes says
 so); their waits are in collective_instances.
 
 Also here: exposed_comm (per rank and step, from link.metrics' step_metrics) and launch_bound (per rank and
-step: gaps in GPU activity where the next kernel had not been launched yet, the measure TQL203 reads).
+step: gaps in GPU activity where the next kernel had not been launched yet, the measure TQL203 reads). Whether
+exposed communication bounds the run's typical step (TQL104's median) is the rule's own SQL.
 """
 
 from __future__ import annotations
@@ -35,8 +44,10 @@ from traceql.model import Run
 
 CP_SCHEMA = {"step": pl.Int64, "rank": pl.Int32, "ranks_on_path": pl.List(pl.Int32), "step_ms": pl.Float64,
              "compute_ms": pl.Float64, "exposed_comm_ms": pl.Float64, "host_launch_ms": pl.Float64, "idle_ms": pl.Float64,
+             "host_sync_ms": pl.Float64, "input_wait_ms": pl.Float64, "host_comm_ms": pl.Float64,
+             "host_other_ms": pl.Float64,
              "exposed_comm_pct": pl.Float64, "host_launch_pct": pl.Float64, "path_kernels": pl.Int64, "rank_jumps": pl.Int64,
-             "last_kernel": pl.Utf8, "typical_exposed_comm_pct": pl.Float64}
+             "host_jumps": pl.Int64, "last_kernel": pl.Utf8}
 
 
 def _note(run: Run, text: str) -> None:
@@ -129,6 +140,135 @@ def _prev_on_device(k: pl.DataFrame) -> pl.Series:
     return out.scatter(allp["_row"], allp["_p"])
 
 
+def _below_steps(run: Run) -> pl.DataFrame:
+    """Host ops that do not span a whole step of their rank and source (those hold everything the host did)."""
+    h = run.table("host_ops").select("rank", "source", "id", "ts", "end").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null())
+    st = run.table("steps").select("rank", "source", pl.col("ts").alias("_sts"), pl.col("end").alias("_send"))
+    if h.height == 0 or st.height == 0:
+        return h
+    shortest = st.group_by("rank", "source").agg((pl.col("_send") - pl.col("_sts")).min().alias("_min"))
+    # only ops as long as a step can hold one: a few per rank, so the join with the steps stays small
+    long = h.join(shortest, on=["rank", "source"], how="inner").filter(pl.col("end") - pl.col("ts") >= pl.col("_min"))
+    spans = long.join(st, on=["rank", "source"], how="inner").filter(
+        (pl.col("ts") <= pl.col("_sts")) & (pl.col("end") >= pl.col("_send"))).select("rank", "source", "id").unique()
+    return h.join(spans, on=["rank", "source", "id"], how="anti")
+
+
+class _HostView:
+    """What each rank's host did, on the aligned clock, for the walk's host gaps: DataLoader fetches, blocking sync
+    calls, and its waits in host-side collectives (gloo: the call blocks the host) for a later rank;
+    and each rank's kernels by end time, to go on from a rank the path jumps to."""
+
+    def __init__(self, run: Run, k: pl.DataFrame):
+        from traceql import intervals
+        from traceql.link import clock, ensure
+        from traceql.link.input_pipeline import LOADER_NEXT
+
+        offsets = ensure(run, "clock_offsets") if run.has("collectives") else None
+
+        def aligned(df: pl.DataFrame) -> pl.DataFrame:
+            df = df.filter(pl.col("rank").is_not_null() & pl.col("ts").is_not_null() & pl.col("end").is_not_null()) \
+                .with_columns(pl.col("rank").cast(pl.Int32))
+            return clock.align(df, offsets, ["ts", "end"]) if offsets is not None and df.height else df
+
+        loader = aligned(run.table("host_ops").filter(pl.col("name").str.contains(LOADER_NEXT)).select("rank", "ts", "end"))
+        syncs = aligned(run.table("runtime").filter((pl.col("kind") == "sync") & ~pl.col("name").str.contains("Query"))
+                        .select("rank", "ts", "end"))
+        self.loader = self._cover(intervals, loader)
+        self.syncs = self._cover(intervals, syncs)
+        # host-side collectives: calls with no GPU kernel (gloo), as collective_matches defines host_only
+        # the host's own work: any op or range, and runtime calls (launches); outside all of them the host ran
+        # code the profiler did not record (Python between ops, a sleep, another library)
+        # (not the ranges that hold a whole step: ProfilerStep#N, the profiler's own range, a "train" NVTX range)
+        ops = pl.concat([_below_steps(run).select("rank", "ts", "end"), run.table("runtime").select("rank", "ts", "end")])
+        self.ops = self._cover(intervals, aligned(ops))
+        hc = run.table("collectives").filter(pl.col("kernel_ts").is_null() & pl.col("kernel_end").is_null()).select("rank", "ts", "end")
+        self.host_comm = self._cover(intervals, aligned(hc))
+        self.waits: dict[int, tuple[list[int], list[tuple[int, int]]]] = {}
+        if run.has("collectives"):
+            ci = ensure(run, "collective_instances").filter(
+                pl.col("host_only").fill_null(False) & (pl.col("n_ranks") >= 2) & (pl.col("rank") != pl.col("last_arriver"))
+                & pl.col("wait_end").is_not_null() & (pl.col("wait_end") > pl.col("arrival")))
+            for (r,), g in ci.sort("wait_end").partition_by("rank", as_dict=True, maintain_order=True).items():
+                self.waits[int(r)] = (g["wait_end"].to_list(), list(zip(g["arrival"].to_list(), g["last_arriver"].to_list())))
+        kk = k.select("rank", "end").with_row_index("_row").sort("end")
+        self.by_end = {int(r): (g["end"].to_list(), g["_row"].to_list())
+                       for (r,), g in kk.partition_by("rank", as_dict=True, maintain_order=True).items()}
+
+    @staticmethod
+    def _cover(intervals, df: pl.DataFrame) -> dict[int, tuple[list[int], list[int], list[int]]]:
+        """rank -> the union of df's intervals as sorted starts, ends and the covered time before each."""
+        out = {}
+        if df.height == 0:
+            return out
+        seg = intervals.segments(df, ["rank"]).sort("rank", "seg_ts")
+        for (r,), g in seg.partition_by("rank", as_dict=True, maintain_order=True).items():
+            st, en = g["seg_ts"].to_list(), g["seg_end"].to_list()
+            cum, c = [], 0
+            for a, b in zip(st, en):
+                cum.append(c)
+                c += b - a
+            out[int(r)] = (st, en, cum)
+        return out
+
+    @staticmethod
+    def _within(cover: dict, r: int, a: int, b: int) -> int:
+        from bisect import bisect_right
+
+        v = cover.get(r)
+        if v is None or b <= a:
+            return 0
+        st, en, cum = v
+
+        def upto(t: int) -> int:  # covered time before t
+            i = bisect_right(st, t) - 1
+            return 0 if i < 0 else cum[i] + min(t, en[i]) - st[i]
+        return max(0, upto(b) - upto(a))
+
+    def classify(self, r: int, a: int, b: int, parts: dict) -> None:
+        """Charge the host gap [a, b) of rank r: the part the host spent in a DataLoader fetch to input, in a
+        host-side collective (gloo: after any wait for a later rank, which the walk crosses) to comm, the part it
+        was still blocked in a sync call to sync (a sync returns when the GPU work it waits for ends; blocked past
+        that, it waits for something else: an event of another stream, a host-side copy), the rest to launching
+        where the host was inside a recorded op or runtime call (dispatch, launch calls), else to other (code the
+        profiler did not record: Python between ops, a sleep)."""
+        if b <= a:
+            return
+        inp = self._within(self.loader, r, a, b)
+        comm = min((b - a) - inp, self._within(self.host_comm, r, a, b))
+        sync = min((b - a) - inp - comm, self._within(self.syncs, r, a, b))
+        rest = (b - a) - inp - comm - sync
+        launch = min(rest, self._within(self.ops, r, a, b))
+        parts["input"] += inp
+        parts["comm"] += comm
+        parts["sync"] += sync
+        parts["launch"] += launch
+        parts["other"] += rest - launch
+
+    def wait(self, r: int, a: int, b: int) -> tuple[int, int] | None:
+        """(end of the wait, late rank) of rank r's latest host-side collective wait for another rank that ends
+        inside (a, b]."""
+        from bisect import bisect_right
+
+        v = self.waits.get(r)
+        if v is None:
+            return None
+        ends, info = v
+        i = bisect_right(ends, b) - 1
+        if i >= 0 and ends[i] > a and info[i][1] is not None and info[i][1] != r:
+            return ends[i], int(info[i][1])
+        return None
+
+    def last_kernel_before(self, r: int, t: int) -> int | None:
+        from bisect import bisect_right
+
+        v = self.by_end.get(r)
+        if v is None:
+            return None
+        i = bisect_right(v[0], t) - 1
+        return v[1][i] if i >= 0 else None
+
+
 def critical_path(run: Run) -> pl.DataFrame:
     k = _kernels_aligned(run)
     if k.height == 0:
@@ -159,13 +299,15 @@ def critical_path(run: Run) -> pl.DataFrame:
         k.select("step", "end").with_row_index("_row").filter(pl.col("step").is_not_null())
         .group_by("step").agg(pl.col("_row").get(pl.col("end").arg_max()))
     )
+    host = _HostView(run, k)
     rows = []
     for s, i in last.sort("step").iter_rows():
-        comp = comm = launch = idle = 0
+        comp = comm = idle = 0
+        hp = {"launch": 0, "sync": 0, "input": 0, "comm": 0, "other": 0}  # host-caused gap time, by what the host did
         t = end[i]
         t_end = end[i]
         on_path = {rank[i]}
-        n_path = jumps = 0
+        n_path = jumps = host_jumps = 0
         cur = i
         start_rank = rank[i]
         guard = 0
@@ -183,50 +325,72 @@ def critical_path(run: Run) -> pl.DataFrame:
                 cur = lrow
                 t = ts[cur]
             else:
-                dur = max(0, min(t, end[cur]) - ts[cur])
+                w0 = step_start.get((rank[cur], s))
+                # a kernel that began before the step on its rank counts from the step's start: the path ends there
+                dur = max(0, min(t, end[cur]) - max(ts[cur], w0 if w0 is not None else ts[cur]))
                 if is_comm[cur]:
                     comm += dur
                 else:
                     comp += dur
             seg_start = ts[cur]
-            w0 = step_start.get((rank[cur], s))
+            r = rank[cur]
+            w0 = step_start.get((r, s))
             p = prev[cur]
             if p < 0:
                 p = None
             p_end = end[p] if p is not None else None
-            if w0 is not None and (p_end is None or p_end <= w0):
-                # reached the start of the step on this rank
-                gap = max(0, seg_start - w0)
-                if lend[cur] > w0:
-                    launch += gap
-                else:
-                    idle += gap
-                t = w0
-                break
-            if p is None:
+            at_start = w0 is not None and (p_end is None or p_end <= w0)
+            if not at_start and p is None:
                 t = seg_start
                 break
-            gap = max(0, seg_start - p_end)
-            if lend[cur] > p_end:
-                launch += gap
-            else:
-                idle += gap
-            t = p_end
+            a = w0 if at_start else p_end
+            if lend[cur] <= a:  # the kernel was queued before the device went idle: not the host's doing
+                idle += max(0, seg_start - a)
+                t = a
+                if at_start:
+                    break
+                cur = p
+                continue
+            # the GPU waited for the host to launch the kernel. Where the host was then waiting for a later rank
+            # in a host-side collective (gloo), the path goes on from that rank at its arrival: its late launch,
+            # data wait or sync is on the path of every rank that waited for it.
+            hw = host.wait(r, a, seg_start)
+            while hw is not None and guard < 10_000_000:
+                guard += 1
+                w_end, x = hw
+                host.classify(r, max(a, w_end), seg_start, hp)
+                jumps += 1
+                host_jumps += 1
+                on_path.add(x)
+                r, seg_start = x, w_end
+                w0 = step_start.get((x, s))
+                p = host.last_kernel_before(x, w_end)
+                at_start = w0 is not None and (p is None or end[p] <= w0)
+                if not at_start and p is None:
+                    break
+                a = w0 if at_start else end[p]
+                hw = host.wait(r, a, seg_start)
+            if not at_start and p is None:
+                t = seg_start
+                break
+            host.classify(r, a, seg_start, hp)
+            t = a
+            if at_start:
+                break
             cur = p
         total = t_end - t
+        launch = sum(hp.values())
         rows.append({
             "step": s, "rank": start_rank, "ranks_on_path": sorted(on_path), "step_ms": total / 1e6,
             "compute_ms": comp / 1e6, "exposed_comm_ms": comm / 1e6, "host_launch_ms": launch / 1e6, "idle_ms": idle / 1e6,
+            "host_sync_ms": hp["sync"] / 1e6, "input_wait_ms": hp["input"] / 1e6, "host_comm_ms": hp["comm"] / 1e6,
+            "host_other_ms": hp["other"] / 1e6,
             "exposed_comm_pct": 100.0 * comm / total if total > 0 else None,
             "host_launch_pct": 100.0 * launch / total if total > 0 else None,
-            "path_kernels": n_path, "rank_jumps": jumps, "last_kernel": name[i],
+            "path_kernels": n_path, "rank_jumps": jumps, "host_jumps": host_jumps, "last_kernel": name[i],
         })
     if not rows:
         return pl.DataFrame(schema=CP_SCHEMA)
-    # the median step's share: whether exposed communication bounds the run's steps, or one outlier step
-    typical = pl.Series([r["exposed_comm_pct"] for r in rows], dtype=pl.Float64).median()
-    for r in rows:
-        r["typical_exposed_comm_pct"] = typical
     return pl.DataFrame(rows, schema=CP_SCHEMA)
 
 

@@ -88,7 +88,8 @@ def annotate(result: CheckResult, host: bool = True) -> dict:
             events.append({
                 "ph": "i", "s": "p", "cat": FINDING_CAT, "name": f"{f.rule} {f.name}", "pid": r, "tid": 0, "ts": us(ts),
                 "args": {"severity": f.severity, "message": f.message, "ranks": f.ranks, "step": f.step,
-                         "evidence": f.evidence, "fingerprint": f.fingerprint},
+                         "evidence": f.evidence, "fingerprint": f.fingerprint,
+                         "cost_ms_per_step": f.cost_ms_per_step, "cost_pct": f.cost_pct, "caused_by": f.caused_by},
             })
             n_findings += 1
 

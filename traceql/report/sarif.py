@@ -114,7 +114,8 @@ def _result(f, index: dict[str, int], root: Path) -> dict:
         "message": {"text": f.message},
         "locations": [loc],
         "partialFingerprints": {FINGERPRINT_KEY: f.fingerprint},
-        "properties": {"ranks": list(f.ranks), "step": f.step, "evidence": _clean(f.evidence), "location": _clean(f.location)},
+        "properties": {"ranks": list(f.ranks), "step": f.step, "evidence": _clean(f.evidence), "location": _clean(f.location),
+                       "cost_ms_per_step": f.cost_ms_per_step, "cost_pct": f.cost_pct, "caused_by": f.caused_by},
     }
     if len(paths) > 1:
         out["relatedLocations"] = [

@@ -57,14 +57,21 @@ def render(result: CheckResult, color: bool = False, verbose: bool = False, widt
     if not result.findings:
         con.print(_no_findings(ran, not_run, len(errors), bool(ranks)))
         return buf.getvalue()
+    from traceql.report import start_here
+
+    for line in start_here.start_here(result, _t) + [""] * bool(start_here.start_here(result, _t)):
+        con.print(line)
+    # consequences are printed under their cause, not again under their own rule
+    kids = start_here.children(result.findings)
     by_rule: dict[str, list] = {}
-    for f in result.findings:
+    for f in start_here.roots(result.findings):
         by_rule.setdefault(f.rule, []).append(f)
     for rid, fs in by_rule.items():
         f0 = fs[0]
         con.print(f"[{_STYLE[f0.severity]}]{f0.severity}[/] [bold]{_t(rid)}[/] {_t(f0.name)} ({len(fs)})")
         for f in fs[:20]:
-            con.print(f"  - {_t(f.message)}")
+            for line in start_here.finding_lines(f, kids, _t):
+                con.print(line)
         if len(fs) > 20:
             con.print(f"  ... {len(fs) - 20} more (use --format json for all)")
     counts = {s: sum(1 for f in result.findings if f.severity == s) for s in ("error", "warning", "info")}

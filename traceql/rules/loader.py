@@ -17,7 +17,7 @@ MEASURES = ("rows", "count", "sum", "union", "overlap", "exposed", "gaps", "spre
 FILTER_OPS = ("eq", "ne", "lt", "le", "gt", "ge", "in", "not_in", "regex", "not_regex", "is_null", "not_null")
 _TOP_FIELDS = {
     "id", "name", "severity", "summary", "needs", "params", "select", "sql", "cross_rank", "condition", "message",
-    "evidence", "ranks_column", "step_column", "location", "collapse", "docs", "fixtures", "tags",
+    "evidence", "ranks_column", "step_column", "location", "collapse", "docs", "fixtures", "tags", "cost",
 }
 _SELECT_FIELDS = {"measure", "table", "where", "against", "per", "column", "agg", "scale", "key", "value"}
 
@@ -56,6 +56,7 @@ class Rule:
     docs: dict = field(default_factory=dict)
     fixtures: dict = field(default_factory=dict)
     tags: list[str] = field(default_factory=list)
+    cost: dict | None = None  # how a finding maps to a cause the what-if replay removes (link.whatif)
 
     def defaults(self) -> dict:
         return {k: v.get("default") for k, v in self.params.items()}
@@ -145,6 +146,13 @@ def parse_rule(data, path: Path) -> Rule:
         v = data.get(listf)
         if v is not None and not isinstance(v, list):
             raise _err(path, listf, "must be a list")
+    if data.get("cost") is not None:
+        from traceql.link.whatif import CostSpecError, check_spec
+
+        try:
+            check_spec(data["cost"])
+        except CostSpecError as e:
+            raise _err(path, "cost", str(e)) from None
     fixtures = data.get("fixtures") or {}
     if not isinstance(fixtures, dict):
         raise _err(path, "fixtures", "must be a mapping with 'fire' and 'quiet' lists")
@@ -169,6 +177,7 @@ def parse_rule(data, path: Path) -> Rule:
         docs=docs,
         fixtures=fixtures,
         tags=data.get("tags") or [],
+        cost=data.get("cost"),
     )
 
 
