@@ -62,8 +62,10 @@ def rules_explain(rule_id, rules_dirs):
 @click.argument("rule_ids", nargs=-1)
 @click.option("--rules", "rules_dirs", multiple=True, type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--root", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None, help="Folder fixture paths are relative to [default: the rule folder's parent].")
-def rules_test(rule_ids, rules_dirs, root):
-    """Run each rule on its fixtures: those that must fire and those that must stay quiet."""
+@click.option("--update", is_flag=True, help="Rewrite the snapshots (rules/snapshots/TQLnnn.yaml) with the findings of now.")
+def rules_test(rule_ids, rules_dirs, root, update):
+    """Run each rule on its fixtures (those that must fire, those that must stay quiet) and compare the findings
+    with the rule's snapshot; exit 1 on any failure or drift."""
     from traceql.rules.loader import RuleError, default_rules_dir, load_rules, matches
     from traceql.rules.testing import test_rules
 
@@ -72,13 +74,18 @@ def rules_test(rule_ids, rules_dirs, root):
     except RuleError as e:
         _fail(str(e))
     if rule_ids:
+        unknown = [p for p in rule_ids if not any(matches(r.id, [p]) for r in rs)]
+        if unknown:
+            _fail(f"no rule matches {unknown[0]!r}; see `traceql rules list`")
         rs = [r for r in rs if matches(r.id, list(rule_ids))]
     base = root or (Path(rules_dirs[0]) if rules_dirs else default_rules_dir()).resolve().parent
-    outcomes = test_rules(rs, base)
+    outcomes = test_rules(rs, base, update=update)
     bad = 0
     for o in outcomes:
         bad += not o.ok
-        click.echo(f"{'PASS' if o.ok else 'FAIL'}  {o.rule}  {o.expect:5}  {o.fixture}: {o.detail}")
+        click.echo(f"{'PASS' if o.ok else 'FAIL'}  {o.rule}  {o.expect:8} {o.fixture}: {o.detail}")
+        for ln in o.diff:
+            click.echo(f"      {ln}")
     untested = [r.id for r in rs if not (r.fixtures.get("fire") or r.fixtures.get("quiet"))]
     if untested:
         click.echo(f"no fixtures: {', '.join(untested)}")
