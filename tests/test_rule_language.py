@@ -218,6 +218,7 @@ def test_a_rule_reads_a_view_of_its_folder(tmp_path):
     ("per: [rank]}", "per: [rank], steps: {agg: worst}}", "select.steps.of", "agg worst needs of"),
     ("evidence: [n]", "evidence: [n]\nfact: nccl_errors", "fact", "module:function"),
     ("evidence: [n]", "evidence: [n]\ncost: 3", "cost", "must be a mapping"),
+    ("evidence: [n]", "evidence: [n]\nneeds: [kernels, step]", "needs", "unknown table 'step'; did you mean 'steps'"),
 ])
 def test_a_broken_rule_fails_at_load_naming_file_and_field(tmp_path, old, new, field, says):
     assert old in BASE
