@@ -296,6 +296,37 @@ _table(
     },
 )
 
+_table(
+    "collective_bandwidth",
+    doc=(
+        "One row per matched collective (on two or more ranks): its algorithm and bus bandwidth by the nccl-tests "
+        "formulas from the last arriver's time, and the link its communicator used with that link's nominal speed."
+    ),
+    builder="traceql.link.bandwidth:collective_bandwidth",
+    scope="run",
+    reads=["collective_instances", "nccl_comms"],
+    columns={
+        "group": (STR, "matching group (pg name, or description plus rank list)"),
+        "match_id": (I64, "the same id for the same call on every rank"),
+        "step": (I64, "training step (null outside any step)"),
+        "op": (STR, "canonical collective op (all_reduce, ...)"),
+        "backend": (STR, "nccl, gloo, ... where known"),
+        "n_ranks": (I32, "ranks the call was matched on"),
+        "ranks": (RANKS, "those ranks"),
+        "bytes": (I64, "message size per rank as recorded"),
+        "size_bytes": (I64, "S of nccl-tests: the whole array (all_gather: its output)"),
+        "time_ms": (F64, "the last arriver's time in the call (the others' includes waiting for it)"),
+        "algbw_gbps": (F64, "size_bytes / time (GB/s)"),
+        "bus_factor": (F64, "nccl-tests' bus factor of the op for n_ranks (all_reduce 2(n-1)/n, ...)"),
+        "busbw_gbps": (F64, "algbw_gbps x bus_factor (GB/s)"),
+        "n_hosts": (I32, "hosts the ranks ran on, where the NCCL logs say"),
+        "inter_node": (BOOL, "the ranks span more than one host"),
+        "link": (STR, "nvlink/p2p, shm, ib, socket: what the communicator used"),
+        "nominal_gbps": (F64, "the link's nominal bus bandwidth (GB/s), the slowest common generation"),
+        "pct_of_link": (F64, "busbw_gbps over nominal_gbps (%)"),
+    },
+)
+
 # host and GPU ----------------------------------------------------------------------------------------------------
 _table(
     "step_times",
@@ -432,12 +463,14 @@ _table(
 _table(
     "critical_path",
     doc=(
-        "One row per step (on the rank that ended it): the step's critical path across ranks split into compute, "
-        "exposed communication, host launch and idle time."
+        "One row per step (on the rank that ended it): the step's critical path across ranks, host included, split "
+        "into compute, exposed communication and the GPU's waits for the host (launching, blocking syncs, DataLoader "
+        "waits, host-side collectives, time outside any recorded op) and idle time."
     ),
     builder="traceql.link.critical_path:critical_path",
     scope="run",
-    reads=["clock_offsets", "collective_instances", "collective_matches", "collectives", "kernels", "runtime", "steps"],
+    reads=["clock_offsets", "collective_instances", "collective_matches", "collectives", "host_ops", "kernels",
+           "runtime", "steps"],
     columns={
         "step": (I64, "training step (null outside any step)"),
         "rank": (I32, "the rank that ended the step"),
@@ -445,14 +478,18 @@ _table(
         "step_ms": (F64, "the step's time: the longer of its host range and its GPU span (ms)"),
         "compute_ms": (F64, "compute on the path (ms)"),
         "exposed_comm_ms": (F64, "communication on the path (ms)"),
-        "host_launch_ms": (F64, "waiting for the host to launch (ms)"),
-        "idle_ms": (F64, "idle on the path (ms)"),
+        "host_launch_ms": (F64, "the GPU waiting for the host to launch its next kernel (ms)"),
+        "idle_ms": (F64, "idle on the path, the host's waits apart (ms)"),
+        "host_sync_ms": (F64, "the host blocked in a synchronising runtime call (ms)"),
+        "input_wait_ms": (F64, "the host waiting for the DataLoader's next batch (ms)"),
+        "host_comm_ms": (F64, "the host inside a host-side (gloo) collective (ms)"),
+        "host_other_ms": (F64, "the host outside any recorded op: a sleep, unprofiled Python (ms)"),
         "exposed_comm_pct": (F64, "exposed_comm_ms over step_ms (%)"),
         "host_launch_pct": (F64, "host_launch_ms over step_ms (%)"),
         "path_kernels": (I64, "kernels on the path"),
         "rank_jumps": (I64, "times the path moved to another rank"),
+        "host_jumps": (I64, "times the path moved to the host"),
         "last_kernel": (STR, "the kernel that ended the step"),
-        "typical_exposed_comm_pct": (F64, "median exposed_comm_pct over steps (%)"),
     },
 )
 _table(
