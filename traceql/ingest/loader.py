@@ -106,6 +106,16 @@ def _size(s: Source) -> int:
 
 
 def ingest(run_path: Path, sources: list[Source], use_cache: bool = True, jobs: int | None = None, progress=None) -> Run:
+    if use_cache:
+        cache.begin_run()
+    run = _ingest(run_path, sources, use_cache, jobs, progress)
+    note = cache.over_cap_note() if use_cache else None
+    if note:
+        run.notes.append(note)
+    return run
+
+
+def _ingest(run_path: Path, sources: list[Source], use_cache: bool, jobs: int | None, progress) -> Run:
     todo = [s for s in sources if s.status in ("ok", "partial")]
     results: list[tuple[Source, dict]] = []
     for s in list(todo):
