@@ -260,11 +260,17 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
     reads = {s.id: client.submit(read_task, str(run_path), s, use_cache, key=f"read-{s.id}-{id(s)}",
                                  priority=len(order) - i, pure=False)
              for i, s in enumerate(order)}
+    from distributed import wait
+
+    meta_futs = {s.id: client.submit(meta_of, reads[s.id], pure=False) for s in order}
+    wait(list(meta_futs.values()))
     metas = {}
     for s in order:
-        try:
-            metas[s.id] = client.submit(meta_of, reads[s.id], pure=False).result()
-        except Exception as e:  # the worker died or the reader broke: this source is an error, the others go on
+        f = meta_futs[s.id]
+        if f.status == "finished":
+            metas[s.id] = f.result()
+        else:  # the worker died or the reader broke: this source is an error, the others go on
+            e = f.exception()
             s.status, s.detail = "error", f"its read task failed on the Dask cluster ({type(e).__name__}: {e})"
             metas[s.id] = s
     resolved = [metas.get(s.id, s) for s in sources]
@@ -277,13 +283,17 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
         tasks.append((g, client.submit(rank_task, str(run_path), g, assumed, lost, [reads[s.id] for s in g if s.id in reads],
                                        p.per_rank, overrides, sorted(p.ship), priority=len(groups) - i, pure=False)))
     outputs: list[RankOutput] = []
-    for g, fut in tasks:
-        try:
+    position = {s.id: i for i, s in enumerate(meta_run.sources)}
+    # the driver's tables in source order, as the local path has them (ties between equal ranks break the same way)
+    wait([f for _, f in tasks])
+    for g, fut in sorted(tasks, key=lambda t: min(position[s.id] for s in t[0])):
+        if fut.status == "finished":
             outputs.append(fut.result())
-        except Exception as e:
-            reason = f"its rank task failed on the Dask cluster ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-            for s in g:
-                s.status, s.detail = "error", reason
+            continue
+        e = fut.exception()
+        reason = f"its rank task failed on the Dask cluster ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"
+        for s in g:
+            s.status, s.detail = "error", reason
     frames: dict[str, list[pl.DataFrame]] = {}
     for o in outputs:
         for name, df in o.tables.items():
