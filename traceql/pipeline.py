@@ -56,7 +56,10 @@ def check(
     jobs: int | None = None,
     progress: bool = False,
     suppress: set[str] | None = None,
+    scheduler: str | None = None,
 ) -> CheckResult:
+    """Run the chosen rules over the run at `path`. With `scheduler` (a Dask scheduler address, a scheduler file, or
+    "local"), each rank's part runs on the Dask cluster and only small tables come back (traceql.executor)."""
     config = config or cfgmod.Config()
     rules = load_rules(rules_dirs)
     if not rules:
@@ -72,8 +75,11 @@ def check(
     overrides = {k: dict(v) for k, v in config.params.items()}
     for rid, params in cfgmod.parse_set(sets or [], rules).items():
         overrides.setdefault(rid, {}).update(params)
-    run = load_run(path, use_cache=use_cache, jobs=jobs, progress=progress)
-    results = run_rules(run, chosen, overrides)
+    if scheduler:
+        run, results = _check_on_dask(Path(path), scheduler, chosen, overrides, use_cache)
+    else:
+        run = load_run(path, use_cache=use_cache, jobs=jobs, progress=progress)
+        results = run_rules(run, chosen, overrides)
     result = CheckResult(run, results)
     attribute(run, result.findings, chosen)  # what each finding costs per step, and which cause explains which
     drop = set(config.suppress) | (suppress or set())
@@ -82,6 +88,23 @@ def check(
         result.findings = [f for f in result.findings if f.fingerprint not in drop]
         result.suppressed = before - len(result.findings)
     return result
+
+
+def _check_on_dask(path: Path, scheduler, chosen, overrides, use_cache: bool):
+    from traceql import executor
+
+    if not path.exists():
+        raise NothingToAnalyse(f"{path}: no such file or directory")
+    sources = discover(path)
+    client = executor.client_for(scheduler) if isinstance(scheduler, str) else scheduler  # or a Client already made
+    try:
+        return executor.check_distributed(client, path, sources, chosen, overrides, use_cache=use_cache)
+    finally:
+        if isinstance(scheduler, str):
+            cluster = getattr(client, "cluster", None)
+            client.close()
+            if scheduler == "local" and cluster is not None:
+                cluster.close()
 
 
 class _Bar:

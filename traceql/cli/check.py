@@ -29,9 +29,12 @@ def _csv(values: tuple[str, ...]) -> list[str]:
 @click.option("--baseline", type=click.Path(path_type=Path, exists=True, dir_okay=False), help="A previous --format json report: report only findings not in it.")
 @click.option("--no-cache", is_flag=True, help="Parse every input again instead of using the Parquet cache.")
 @click.option("--jobs", "-j", type=int, default=None, help="Parallel ingest processes [default: cores].")
+@click.option("--scheduler", default=None, metavar="ADDRESS|FILE.json|local",
+              help="Run each rank's part on a Dask cluster (tcp://host:8786, a scheduler file, or `local` for a local "
+                   "cluster of processes); needs the [dask] extra. Only small tables come back to this process.")
 @click.option("--verbose", "-v", is_flag=True, help="List every source and every rule that did not run.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
-def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_path, trust_run_config, baseline, no_cache, jobs, verbose, quiet):
+def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_path, trust_run_config, baseline, no_cache, jobs, scheduler, verbose, quiet):
     """Analyse RUN_DIR (a run directory or a single file) and report findings.
 
     Exit status: 0 no finding at or above --fail-on, 1 at least one, 2 bad usage or configuration, or nothing could
@@ -41,6 +44,14 @@ def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_p
     from traceql.rules.config import ConfigError, load_config
     from traceql.rules.loader import RuleError
 
+    usage_errors: tuple[type[Exception], ...] = (ConfigError, pipeline.NothingToAnalyse)
+    if scheduler:
+        from traceql.executor import SchedulerError  # Dask and the executor load only when asked for
+
+        usage_errors = (*usage_errors, SchedulerError)
+    if scheduler and fmt == "html":
+        _fail("--format html draws every rank's kernels, which stay on the Dask workers with --scheduler; "
+              "render the HTML report without --scheduler")
     if out is not None:
         _check_out(out)
     try:
@@ -48,10 +59,10 @@ def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_p
         suppress = _baseline(baseline) if baseline else None
         result = pipeline.check(
             run_dir, select=_csv(select), ignore=_csv(ignore), sets=list(sets), rules_dirs=list(rules_dirs) or None,
-            use_cache=not no_cache, config=config, jobs=jobs, suppress=suppress,
+            use_cache=not no_cache, config=config, jobs=jobs, suppress=suppress, scheduler=scheduler,
             progress=not quiet and (fmt == "text" or out is not None or sys.stdout.isatty()),  # no bar over piped machine output
         )
-    except (ConfigError, pipeline.NothingToAnalyse) as e:
+    except usage_errors as e:
         _fail(str(e))
         return
     except RuleError as e:  # a broken rule file is configuration: nothing ran

@@ -36,6 +36,12 @@ def ensure(run: Run, name: str) -> pl.DataFrame:
     builder = derived_tables().get(name)
     if builder is None:
         return run.table(name)
+    if run.scope == "rank":
+        from traceql.model.derived import DERIVED
+
+        if name in DERIVED and DERIVED[name].scope == "run":
+            raise RuntimeError(f"{name} compares ranks and cannot be built in a rank task (traceql.executor.plan sent "
+                               "a rule that reads it there); please report it")
     folder = run.derived_cache
     if folder is not None:
         from traceql import cache

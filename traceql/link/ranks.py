@@ -158,22 +158,13 @@ def _collisions(run: Run) -> list[dict]:
     return rows
 
 
-def resolve_ranks(run: Run) -> None:
-    """Assume ranks where it is safe, keep colliding sources apart, and record the problems (source_problems)."""
+def resolve_ranks(run: Run) -> tuple[list[int], list[int]]:
+    """Assume ranks where it is safe, keep colliding sources apart, and record the problems (source_problems).
+    Returns the ids of the sources given rank 0 and of those not analysed."""
     assumed = _assume(run)
     rows = _collisions(run)
     lost = sorted({r["source"] for r in rows})
-    if assumed or lost:
-        for name, df in list(run.tables.items()):
-            if "source" not in df.columns or not df.height:
-                continue
-            if lost:
-                df = df.filter(~pl.col("source").is_in(lost))
-            if assumed and "rank" in df.columns:
-                df = df.with_columns(
-                    pl.when(pl.col("rank").is_null() & pl.col("source").is_in(assumed)).then(pl.lit(0, pl.Int32))
-                    .otherwise(pl.col("rank")).cast(df.schema["rank"]).alias("rank"))
-            run.tables[name] = df
+    apply_resolution(run, assumed, lost)
     run.tables["source_problems"] = pl.DataFrame(rows, schema=SOURCE_PROBLEMS_SCHEMA)
     by_rank: dict[tuple[str, int], list[dict]] = {}
     for r in rows:
@@ -192,6 +183,25 @@ def resolve_ranks(run: Run) -> None:
             run.derived_cache = cache.run_dir([(s.id, f"{s.cache_key}:{_held(s)}") for s in read])
         else:
             run.derived_cache = None
+    return assumed, lost
+
+
+def apply_resolution(run: Run, assumed: list[int], lost: list[int]) -> None:
+    """The tables after resolve_ranks decided: rows of the sources not analysed (lost) go, rankless rows of the
+    sources given rank 0 (assumed) get it. Apart so that a rank task on another machine applies what the parent
+    decided from every source's metadata (traceql.executor)."""
+    if not (assumed or lost):
+        return
+    for name, df in list(run.tables.items()):
+        if "source" not in df.columns or not df.height:
+            continue
+        if lost:
+            df = df.filter(~pl.col("source").is_in(lost))
+        if assumed and "rank" in df.columns:
+            df = df.with_columns(
+                pl.when(pl.col("rank").is_null() & pl.col("source").is_in(assumed)).then(pl.lit(0, pl.Int32))
+                .otherwise(pl.col("rank")).cast(df.schema["rank"]).alias("rank"))
+        run.tables[name] = df
 
 
 def collided_ranks(run: Run) -> list[int]:

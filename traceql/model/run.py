@@ -19,6 +19,9 @@ class Run:
     graph: object | None = None  # networkx.DiGraph, built on demand by link.graph
     notes: list[str] = field(default_factory=list)  # run-level facts link/ wants reported (residuals, gaps)
     derived_cache: Path | None = None  # where link.ensure keeps derived tables of this exact input (see cache)
+    # "run": every rank's rows; "rank": one rank task's ranks only (traceql.executor), where a table declared scope
+    # "run" (model/derived.py) cannot be built, since building it would compare ranks it does not hold
+    scope: str = "run"
 
     def table(self, name: str) -> pl.DataFrame:
         if name in self.tables:

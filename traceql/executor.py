@@ -1,0 +1,315 @@
+"""Where a check's work runs: every rank's part where the rank was read, only small tables back to the driver.
+
+The default path (traceql.pipeline.check without a scheduler) reads every source in the local worker pool and hands
+all tables to this process. With a Dask scheduler the work is split the way the rules' declarations allow:
+
+1. a read task per source (largest first) ingests it where a Dask worker runs and keeps its tables there; the
+   driver gathers only the source's metadata (status, ranks, detail);
+2. the driver decides the ranks from every source's metadata (link.ranks: assumed ranks, collisions), exactly as the
+   local path does, and groups the sources by the ranks they hold;
+3. a rank task per group takes its sources' tables (worker to worker, never through the driver), applies the rank
+   decision, links the rows to their steps, runs every per-rank rule, and returns its rule results and the tables the
+   cross-rank stage reads, and nothing else;
+4. the driver builds one run from those tables and runs the cross-rank rules (matching, clock alignment, straggler,
+   desync, divergence) on them.
+
+Which rule is per-rank is decided from declarations, never guessed: a rule runs in the rank task when it does not
+compare ranks (cross_rank, spread, distinct) and every table it reads, followed through the derived tables' `reads`
+(model/derived.py) and the views' reads, is canonical or declared scope "rank". Everything else is cross-rank, and the
+cross-rank stage gets the canonical and rank-scoped tables its rules reach through run-scoped tables.
+
+Budgets on Dask: in a Dask worker process a source is read inside that process (TRACEQL_SOURCE_ISOLATION=0 there,
+since Dask's daemonic worker processes cannot start ingest workers of their own; threads of a process that can keep
+the local budgets); the worker's memory_limit (its nanny restarts a worker
+past it) and the task's failure stand in for the per-source budgets, and a rank whose task fails becomes error sources
+with the reason, never sinking the other ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from traceql import link
+from traceql.link.ranks import apply_resolution, resolve_ranks
+from traceql.link.steps import assign_steps
+from traceql.model import SCHEMAS, Run, Source, concat
+from traceql.model.derived import DERIVED
+from traceql.model.result import RuleResult
+from traceql.rules import sql_guard
+from traceql.rules.engine import run_rules
+from traceql.rules.loader import Rule
+
+_COMPARING_MEASURES = ("spread", "distinct")
+
+
+class SchedulerError(ValueError):
+    """--scheduler names nothing Dask can connect to, or Dask is not installed."""
+
+
+# ---------------------------------------------------------------- the plan: which rule runs where
+
+
+def _walk(v, found: set[str], flags: set[str]) -> None:
+    if isinstance(v, dict):
+        for k, x in v.items():
+            if k == "table" and isinstance(x, str):
+                found.add(x)
+            elif k == "skip_warmup" and x:
+                flags.add("skip_warmup")
+            else:
+                _walk(x, found, flags)
+    elif isinstance(v, list):
+        for x in v:
+            _walk(x, found, flags)
+
+
+def _named_tables(rule: Rule) -> set[str]:
+    """The tables and views a rule names, and those the engine reads on its behalf (rules/engine.py: step_times for
+    the step_ms of every measured output, warmup_steps for a window that skips the warm-up)."""
+    names: set[str] = set()
+    flags: set[str] = set()
+    _walk(rule.select or {}, names, flags)
+    if rule.select and rule.select.get("measure") != "rows":
+        names.add("step_times")
+    if "skip_warmup" in flags:
+        names.add("warmup_steps")
+    if rule.sql:
+        names |= sql_guard.read_tables(rule.sql)
+    for need in rule.need_sets():
+        names.update(need)
+    names.update(getattr(rule, "uses_views", []) or [])
+    return names
+
+
+def reach(rule: Rule) -> set[str]:
+    """Every table and view the rule reads, directly or through derived tables' and views' reads."""
+    views = getattr(rule, "views", {}) or {}
+    todo, seen = list(_named_tables(rule)), set()
+    while todo:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in DERIVED:
+            todo.extend(DERIVED[t].reads)
+        elif t in views:
+            todo.extend(views[t].reads)
+    return seen
+
+
+def _rank_scoped(table: str, views: dict) -> bool:
+    if table in SCHEMAS or table in views:
+        return True  # canonical tables hold each rank's own rows; a view keeps rank in its keys (rules/views.py)
+    d = DERIVED.get(table)
+    return d is not None and d.scope == "rank"
+
+
+def is_per_rank(rule: Rule) -> bool:
+    if rule.cross_rank or (rule.select or {}).get("measure") in _COMPARING_MEASURES:
+        return False
+    views = getattr(rule, "views", {}) or {}
+    return all(_rank_scoped(t, views) for t in reach(rule))
+
+
+@dataclass
+class Plan:
+    per_rank: list[Rule]
+    cross: list[Rule]
+    ship: set[str]  # the tables a rank task returns: what the cross-rank stage reads, canonical or rank-scoped
+
+
+def plan(rules: list[Rule]) -> Plan:
+    per = [r for r in rules if is_per_rank(r)]
+    cross = [r for r in rules if r not in per]
+    # the cross-rank stage rebuilds run-scoped tables and views from these; nothing else leaves a rank task
+    ship = {t for r in cross for t in reach(r) if t in SCHEMAS or (t in DERIVED and DERIVED[t].scope == "rank")}
+    return Plan(per, cross, ship)
+
+
+# ---------------------------------------------------------------- the tasks (run on Dask workers)
+
+
+def read_task(run_path: str, source: Source, use_cache: bool) -> tuple[Source, dict[str, pl.DataFrame]]:
+    """Phase 1: one source read where the worker runs; its tables stay there."""
+    import multiprocessing
+
+    if multiprocessing.current_process().daemon:
+        # a Dask worker process is daemonic and cannot start ingest workers: read here (its nanny's memory_limit
+        # and the task's failure stand in for the per-source budgets); only that process's environment changes
+        os.environ["TRACEQL_SOURCE_ISOLATION"] = "0"
+    from traceql.ingest.loader import ingest
+
+    run = ingest(Path(run_path), [source], use_cache=use_cache, jobs=1)
+    src = run.sources[0]
+    return src, {k: v for k, v in run.tables.items() if v.height}
+
+
+def meta_of(read: tuple[Source, dict]) -> Source:
+    return read[0]
+
+
+@dataclass
+class RankOutput:
+    results: list[RuleResult]
+    tables: dict[str, pl.DataFrame]
+    notes: list[str] = field(default_factory=list)
+
+
+def rank_task(run_path: str, sources: list[Source], assumed: list[int], lost: list[int], reads: list[tuple],
+              rules: list[Rule], overrides: dict, ship: list[str]) -> RankOutput:
+    """Phase 2: one group of ranks linked, its per-rank rules run, the cross-rank stage's tables returned."""
+    frames: dict[str, list[pl.DataFrame]] = {}
+    for _, tables in reads:
+        for name, df in tables.items():
+            frames.setdefault(name, []).append(df)
+    run = Run(path=Path(run_path), sources=sources, tables={n: concat(n, frames.get(n, [])) for n in SCHEMAS})
+    apply_resolution(run, [i for i in assumed if any(s.id == i for s in sources)],
+                      [i for i in lost if any(s.id == i for s in sources)])
+    assign_steps(run)
+    run.scope = "rank"  # link.ensure refuses a run-scoped table here: the plan never sends a rule that reads one
+    results = run_rules(run, rules, overrides)
+    tables = {}
+    for name in ship:
+        df = link.ensure(run, name)
+        if df.height:
+            tables[name] = df
+    return RankOutput(results, tables, list(run.notes))
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def client_for(address: str):
+    """A distributed.Client for `local` (a LocalCluster of processes), a scheduler file (.json) or an address."""
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise SchedulerError("--scheduler needs Dask: pip install 'traceql[dask]'") from None
+    if address == "local":
+        cluster = LocalCluster(processes=True, n_workers=max(1, min(os.cpu_count() or 1, 8)), threads_per_worker=1,
+                               dashboard_address=":0")
+        return Client(cluster)
+    if address.endswith(".json"):
+        p = Path(address)
+        if not p.is_file():
+            raise SchedulerError(f"--scheduler {address}: no such scheduler file")
+        try:
+            json.loads(p.read_text())
+        except (OSError, ValueError) as e:
+            raise SchedulerError(f"--scheduler {address}: not a Dask scheduler file ({e})") from None
+        return Client(scheduler_file=str(p), timeout="30s")
+    try:
+        return Client(address, timeout="30s")
+    except OSError as e:
+        raise SchedulerError(f"--scheduler {address}: cannot reach a Dask scheduler there ({e})") from None
+
+
+def _size(s: Source) -> int:
+    try:
+        return s.path.stat().st_size if s.path.is_file() else sum(p.stat().st_size for p in s.path.rglob("*") if p.is_file())
+    except OSError:
+        return 0
+
+
+def _groups(sources: list[Source]) -> list[list[Source]]:
+    """Sources grouped so that every rank's sources share one group (a file holding several ranks joins them); the
+    sources attributed to no rank form their own group."""
+    read = [s for s in sources if s.status in ("ok", "partial")]
+    parent: dict = {}
+
+    def find(x):
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for s in read:
+        held = sorted(s.ranks) if s.ranks else ([s.rank] if s.rank is not None else [None])
+        for r in held[1:]:
+            parent[find(("r", held[0]))] = find(("r", r))
+        find(("r", held[0]))
+    out: dict = {}
+    for s in read:
+        held = sorted(s.ranks) if s.ranks else ([s.rank] if s.rank is not None else [None])
+        out.setdefault(find(("r", held[0])), []).append(s)
+    return sorted(out.values(), key=lambda g: -sum(_size(s) for s in g))
+
+
+def _merge(rule: Rule, parts: list[RuleResult]) -> RuleResult:
+    """One rule's outcome over every rank task: an error anywhere is the rule's error; it ran where any rank ran it."""
+    errors = [p for p in parts if p.status == "error"]
+    if errors:
+        return RuleResult(rule, "error", errors[0].reason, [f for p in parts for f in p.findings])
+    ran = [p for p in parts if p.status == "ran"]
+    if ran:
+        return RuleResult(rule, "ran", findings=[f for p in ran for f in p.findings])
+    return parts[0] if parts else RuleResult(rule, "skipped", "no rank was read")
+
+
+def check_distributed(client, run_path: Path, sources: list[Source], rules: list[Rule], overrides: dict,
+                      use_cache: bool = True) -> tuple[Run, list[RuleResult]]:
+    """Discovered sources through Dask to (the cross-rank stage's run, every rule's result in rule order)."""
+    run_path = Path(run_path)
+    todo = [s for s in sources if s.status in ("ok", "partial")]
+    order = sorted(todo, key=_size, reverse=True)  # largest first: the longest tasks start first
+    reads = {s.id: client.submit(read_task, str(run_path), s, use_cache, key=f"read-{s.id}-{id(s)}",
+                                 priority=len(order) - i, pure=False)
+             for i, s in enumerate(order)}
+    from distributed import wait
+
+    meta_futs = {s.id: client.submit(meta_of, reads[s.id], pure=False) for s in order}
+    wait(list(meta_futs.values()))
+    metas = {}
+    for s in order:
+        f = meta_futs[s.id]
+        if f.status == "finished":
+            metas[s.id] = f.result()
+        else:  # the worker died or the reader broke: this source is an error, the others go on
+            e = f.exception()
+            s.status, s.detail = "error", f"its read task failed on the Dask cluster ({type(e).__name__}: {e})"
+            metas[s.id] = s
+    resolved = [metas.get(s.id, s) for s in sources]
+    meta_run = Run(path=run_path, sources=resolved, tables={n: concat(n, []) for n in SCHEMAS})
+    assumed, lost = resolve_ranks(meta_run)
+    p = plan(rules)
+    groups = _groups(meta_run.sources)
+    tasks = []
+    for i, g in enumerate(groups):
+        tasks.append((g, client.submit(rank_task, str(run_path), g, assumed, lost, [reads[s.id] for s in g if s.id in reads],
+                                       p.per_rank, overrides, sorted(p.ship), priority=len(groups) - i, pure=False)))
+    outputs: list[RankOutput] = []
+    position = {s.id: i for i, s in enumerate(meta_run.sources)}
+    # the driver's tables in source order, as the local path has them (ties between equal ranks break the same way)
+    wait([f for _, f in tasks])
+    for g, fut in sorted(tasks, key=lambda t: min(position[s.id] for s in t[0])):
+        if fut.status == "finished":
+            outputs.append(fut.result())
+            continue
+        e = fut.exception()
+        reason = f"its rank task failed on the Dask cluster ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"
+        for s in g:
+            s.status, s.detail = "error", reason
+    frames: dict[str, list[pl.DataFrame]] = {}
+    for o in outputs:
+        for name, df in o.tables.items():
+            frames.setdefault(name, []).append(df)
+    tables = {n: concat(n, frames.get(n, [])) for n in SCHEMAS}
+    for name, fs in frames.items():
+        if name not in SCHEMAS:
+            tables[name] = pl.concat(fs, how="diagonal_relaxed")
+    run = Run(path=run_path, sources=meta_run.sources, tables={**tables, "source_problems": meta_run.tables["source_problems"]})
+    run.notes = list(meta_run.notes)
+    for o in outputs:
+        run.notes.extend(n for n in o.notes if n not in run.notes)
+    cross = {r.id: res for r, res in zip(p.cross, run_rules(run, p.cross, overrides))}
+    per: dict[str, list[RuleResult]] = {}
+    for o in outputs:
+        for res in o.results:
+            per.setdefault(res.rule.id, []).append(res)
+    results = [cross[r.id] if r.id in cross else _merge(r, per.get(r.id, [])) for r in rules]
+    return run, results
