@@ -126,8 +126,23 @@ class Plan:
 def plan(rules: list[Rule]) -> Plan:
     per = [r for r in rules if is_per_rank(r)]
     cross = [r for r in rules if r not in per]
-    # the cross-rank stage rebuilds run-scoped tables and views from these; nothing else leaves a rank task
-    ship = {t for r in cross for t in reach(r) if t in SCHEMAS or (t in DERIVED and DERIVED[t].scope == "rank")}
+    # The cross-rank stage rebuilds run-scoped tables and views from these; nothing else leaves a rank task. Only the
+    # frontier goes: a rank-scoped table is shipped built (step_times, not the kernels it was built from).
+    ship: set[str] = set()
+    for r in cross:
+        views = getattr(r, "views", {}) or {}
+        todo, seen = list(_named_tables(r)), set()
+        while todo:
+            t = todo.pop()
+            if t in seen:
+                continue
+            seen.add(t)
+            if t in SCHEMAS or (t in DERIVED and DERIVED[t].scope == "rank"):
+                ship.add(t)
+            elif t in DERIVED:
+                todo.extend(DERIVED[t].reads)
+            elif t in views:
+                todo.extend(views[t].reads)
     return Plan(per, cross, ship)
 
 
