@@ -39,7 +39,7 @@ _FXCALL = re.compile(r"^## Call CompiledFxGraph (\w+) ##$")
 def compile_evidence(run: Run) -> pl.DataFrame:
     ce = run.table("compile_events")
     if ce.height == 0:
-        return ce
+        return ce.with_columns(pl.lit(None, pl.Utf8).alias("phase"), pl.lit(None, pl.Int64).alias("recompile_limit"))
     kinds = {s.id: s.kind for s in run.sources}
     known = ce["rank"].drop_nulls().unique()
     if known.len() <= 1 and ce["rank"].null_count():
@@ -59,6 +59,9 @@ def compile_evidence(run: Run) -> pl.DataFrame:
     best = ce.group_by("rank", "kind").agg(pl.col("_prio").min().alias("_best"))
     ce = ce.join(best, on=["rank", "kind"], how="left", nulls_equal=True)
     ce = ce.filter(pl.col("_prio") == pl.col("_best")).drop("_sk", "_prio", "_best")
+    # the detail fields rule SQL reads, as columns (polars SQL has no JSON functions): a compile's phase (forward,
+    # backward), the recompile limit a cache_limit event names
+    ce = ce.with_columns(_detail_field("phase").alias("phase"), _detail_field("limit", pl.Int64).alias("recompile_limit"))
     return _adopt_ids(ce)
 
 
@@ -97,67 +100,11 @@ def _known_rank(run: Run):
     return known[0] if known.len() == 1 else None
 
 
-def _steps(run: Run) -> pl.DataFrame:
-    """steps, with a null rank filled in for single-process runs (a profile without distributedInfo)."""
-    st = run.table("steps")
-    r = _known_rank(run)
-    if st.height and r is not None and st["rank"].null_count():
-        st = st.with_columns(pl.col("rank").fill_null(r))
-    return st
-
-
 def _detail_field(name: str, dtype=pl.Utf8) -> pl.Expr:
     return pl.col("detail").str.json_path_match(f"$.{name}").cast(dtype, strict=False)
 
 
-# --- TQL401 -------------------------------------------------------------------------------------------------
-
-
-def compile_frames(run: Run) -> pl.DataFrame:
-    """Per rank and frame: compiles, recompiles, whether the recompile limit was hit, the guard that keeps failing."""
-    ev = _ensure(run, "compile_evidence")
-    schema = {"rank": pl.Int32, "frame_id": pl.Int64, "function": pl.Utf8, "filename": pl.Utf8, "line": pl.Int64,
-              "compiles": pl.UInt32, "recompiles": pl.UInt32, "limit_hit": pl.Boolean, "limit": pl.Int64,
-              "top_guard": pl.Utf8, "top_guard_count": pl.UInt32, "last_guard": pl.Utf8, "compile_s": pl.Float64,
-              "location": pl.Utf8, "limit_note": pl.Utf8}
-    ev = ev.filter(pl.col("kind").is_in(["compile", "recompile", "cache_limit"]) & pl.col("frame_id").is_not_null())
-    if ev.height == 0:
-        return pl.DataFrame(schema=schema)
-    fwd = pl.col("kind") == "compile"
-    fwd_only = fwd & (pl.col("detail").is_null() | (_detail_field("phase") != "backward").fill_null(True))
-    base = ev.group_by("rank", "frame_id").agg(
-        pl.col("function").drop_nulls().first(),
-        pl.col("filename").drop_nulls().first(),
-        pl.col("line").drop_nulls().first(),
-        pl.col("compile_id").filter(fwd_only).n_unique().alias("compiles"),
-        (pl.col("kind") == "recompile").sum().alias("recompiles"),
-        (pl.col("kind") == "cache_limit").any().alias("limit_hit"),
-        _detail_field("limit", pl.Int64).filter(pl.col("kind") == "cache_limit").drop_nulls().first().alias("limit"),
-        (pl.col("dur").filter(fwd).sum() / 1e9).alias("compile_s"),
-    )
-    rec = ev.filter((pl.col("kind") == "recompile") & pl.col("guard").is_not_null())
-    # the guard that fails most often: strip the per-call numbers so that "expected 3, actual 4" and
-    # "expected 4, actual 5" count as one guard
-    rec = rec.with_columns(pl.col("guard").str.replace_all(r"expected \S+, actual \S+", "expected (varies), actual (varies)").alias("_g"))
-    # ties (every guard failing once, say) go to the guard that failed first, not to whichever the hash order gives
-    top = (rec.with_row_index("_first").group_by("rank", "frame_id", "_g")
-           .agg(pl.len().alias("top_guard_count"), pl.col("guard").last().alias("_ex"), pl.col("_first").min())
-           .sort(["top_guard_count", "_first"], descending=[True, False]).group_by("rank", "frame_id", maintain_order=True).agg(
-               pl.col("_g").first().alias("top_guard"), pl.col("top_guard_count").first()))
-    last = rec.sort("attempt").group_by("rank", "frame_id").agg(pl.col("guard").last().alias("last_guard"))
-    out = base.join(top, on=["rank", "frame_id"], how="left", nulls_equal=True).join(
-        last, on=["rank", "frame_id"], how="left", nulls_equal=True)
-    out = out.with_columns(
-        pl.format("{}:{}", pl.col("filename").fill_null("unknown file"), pl.col("line").fill_null(0)).alias("location"),
-        pl.col("top_guard_count").fill_null(0),
-        pl.when(pl.col("limit_hit")).then(pl.format(
-            " and hit the recompile limit ({}): the frame now runs in eager mode", pl.col("limit").cast(pl.Utf8).fill_null("size unknown")))
-        .otherwise(pl.lit("")).alias("limit_note"),
-    )
-    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank", "frame_id")
-
-
-# --- compiled regions (Kineto) and TQL402 -------------------------------------------------------------------
+# --- compiled regions (Kineto): runtime per compile id and step --------------------------------------------
 
 
 def compiled_regions(run: Run) -> pl.DataFrame:
@@ -194,51 +141,6 @@ def compiled_regions(run: Run) -> pl.DataFrame:
     out = ho.group_by("rank", "step", "compile_id", "cache_key", "what").agg(
         pl.len().alias("calls"), (pl.col("dur").sum() / 1e6).alias("total_ms"))
     return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank", "step", "what", "compile_id", nulls_last=True)
-
-
-def graph_break_cost(run: Run) -> pl.DataFrame:
-    """One row per graph break (rank, compile id, reason, user frame), with how often the broken frame's compiled
-    region ran per step and its time per step where a profiler trace has it (null where none does)."""
-    schema = {"rank": pl.Int32, "compile_id": pl.Utf8, "function": pl.Utf8, "location": pl.Utf8, "reason": pl.Utf8,
-              "user_frame": pl.Utf8, "n_steps": pl.UInt32, "steps_with_calls": pl.UInt32, "calls_per_step": pl.Float64,
-              "ms_per_step": pl.Float64, "traced": pl.Boolean, "cost_note": pl.Utf8}
-    ev = _ensure(run, "compile_evidence")
-    gb = ev.filter(pl.col("kind") == "graph_break")
-    if gb.height == 0:
-        return pl.DataFrame(schema=schema)
-    gb = gb.unique(subset=["rank", "compile_id", "reason", "user_frame"], keep="first", maintain_order=True)
-    # torch < 2.4 TORCH_TRACE shows a graph break only as its resume frame: the reason is in TORCH_LOGS alone
-    gb = gb.with_columns(pl.col("reason").fill_null("reason not in this log (torch < 2.4 TORCH_TRACE; "
-                                                    "TORCH_LOGS=graph_breaks prints it)"))
-    regions = _ensure(run, "compiled_regions")
-    reg = regions.filter(pl.col("what") == "region")
-    steps = _steps(run)
-    n_steps = steps.group_by("rank").agg(pl.col("step").n_unique().alias("n_steps"))
-    traced_ranks = reg.select("rank").unique().with_columns(pl.lit(True).alias("traced"))
-    per = reg.filter(pl.col("step").is_not_null()).group_by("rank", "compile_id").agg(
-        pl.col("step").n_unique().alias("steps_with_calls"),
-        pl.col("calls").sum().alias("_calls"),
-        pl.col("total_ms").sum().alias("_ms"),
-    )
-    out = (gb.join(per, on=["rank", "compile_id"], how="left", nulls_equal=True)
-           .join(n_steps, on="rank", how="left", nulls_equal=True)
-           .join(traced_ranks, on="rank", how="left", nulls_equal=True))
-    out = out.with_columns(
-        pl.col("traced").fill_null(False),
-        # a log that names no frame (TORCH_LOGS of torch <= 2.3 without TORCH_TRACE): the user line stands in
-        pl.when(pl.col("filename").is_null() & pl.col("user_frame").is_not_null()).then(pl.col("user_frame"))
-        .otherwise(pl.format("{}:{}", pl.col("filename").fill_null("unknown file"), pl.col("line").fill_null(0))).alias("location"),
-    ).with_columns(
-        pl.when(pl.col("traced")).then(pl.col("steps_with_calls").fill_null(0)).alias("steps_with_calls"),
-        pl.when(pl.col("traced") & (pl.col("n_steps") > 0)).then(pl.col("_calls").fill_null(0) / pl.col("n_steps")).alias("calls_per_step"),
-        pl.when(pl.col("traced") & (pl.col("n_steps") > 0)).then(pl.col("_ms").fill_null(0) / pl.col("n_steps")).alias("ms_per_step"),
-    )
-    out = out.with_columns(
-        pl.when(pl.col("traced")).then(pl.format(
-            "its compiled region ran in {} of {} profiled steps, {} calls and {} ms per step",
-            pl.col("steps_with_calls"), pl.col("n_steps"), pl.col("calls_per_step").round(1), pl.col("ms_per_step").round(3)))
-        .otherwise(pl.lit("no profiler trace of this rank: how often it runs is unknown")).alias("cost_note"))
-    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank", "compile_id")
 
 
 # --- TQL403 -------------------------------------------------------------------------------------------------
@@ -543,7 +445,7 @@ def graph_collectives(run: Run) -> pl.DataFrame:
     overlap with anything. Uses the post-grad graph (what inductor runs) where logged, else the dynamo graph."""
     schema = {"rank": pl.Int32, "compile_id": pl.Utf8, "graph": pl.Utf8, "graph_no": pl.Int64, "op": pl.Utf8,
               "op_index": pl.Int64, "wait_index": pl.Int64, "ops_between": pl.Int64, "compute_between": pl.Int64,
-              "serialized": pl.Boolean, "function": pl.Utf8}
+              "function": pl.Utf8}
     ev = _ensure(run, "compile_evidence")
     g = ev.filter(pl.col("kind") == "graph_op")
     if g.height == 0:
@@ -583,41 +485,8 @@ def graph_collectives(run: Run) -> pl.DataFrame:
                          "op_index": o["op_index"], "wait_index": parsed[wait_i][0]["op_index"] if wait_i is not None else None,
                          "ops_between": len(between) if wait_i is not None else None,
                          "compute_between": len(compute) if wait_i is not None else None,
-                         "serialized": (len(compute) == 0) if wait_i is not None else None,
                          "function": fn.get((key[0], key[1]))})
     return pl.DataFrame(rows, schema=schema).sort("rank", "compile_id", "graph_no", "op_index")
-
-
-# --- TQL405 -------------------------------------------------------------------------------------------------
-
-
-def compile_time(run: Run) -> pl.DataFrame:
-    """Per rank: total compile time (dynamo + backward inductor compiles), the recorded steps' time, the compile
-    share of both, and how the rank's compile time compares with the median across ranks."""
-    schema = {"rank": pl.Int32, "compile_s": pl.Float64, "compiles": pl.UInt32, "steps_s": pl.Float64,
-              "n_steps": pl.UInt32, "share_pct": pl.Float64, "across_median_s": pl.Float64, "ratio": pl.Float64,
-              "skew_s": pl.Float64, "n_ranks": pl.UInt32, "steps_note": pl.Utf8}
-    ev = _ensure(run, "compile_evidence")
-    c = ev.filter((pl.col("kind") == "compile") & pl.col("dur").is_not_null() & pl.col("rank").is_not_null())
-    if c.height == 0:
-        return pl.DataFrame(schema=schema)
-    per = c.group_by("rank").agg((pl.col("dur").sum() / 1e9).alias("compile_s"), pl.col("compile_id").n_unique().alias("compiles"))
-    steps = _steps(run)
-    st = steps.group_by("rank").agg((pl.col("dur").sum() / 1e9).alias("steps_s"), pl.col("step").n_unique().alias("n_steps"))
-    out = per.join(st, on="rank", how="left").with_columns(
-        pl.when(pl.col("steps_s") > 0).then(100 * pl.col("compile_s") / (pl.col("compile_s") + pl.col("steps_s"))).alias("share_pct"),
-        pl.col("compile_s").median().alias("across_median_s"),
-        pl.len().alias("n_ranks"),
-    ).with_columns(
-        (pl.col("compile_s") / pl.col("across_median_s")).alias("ratio"),
-        (pl.col("compile_s") - pl.col("across_median_s")).alias("skew_s"),
-    ).with_columns(
-        pl.when(pl.col("share_pct").is_not_null()).then(pl.format(
-            "{}% of compile plus recorded step time ({} s over {} steps)", pl.col("share_pct").round(0).cast(pl.Int64),
-            pl.col("steps_s").round(2), pl.col("n_steps")))
-        .otherwise(pl.lit("no step times recorded (no profiler trace of this rank)")).alias("steps_note"),
-    )
-    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank")
 
 
 # --- shared: grouping ranks and summarising lists --------------------------------------------------------------
@@ -884,24 +753,18 @@ def _input_diff(a: str, b: str, k: int = 2) -> tuple[str, str]:
 
 DERIVED = {
     "compile_evidence": compile_evidence,
-    "compile_frames": compile_frames,
     "compiled_regions": compiled_regions,
-    "graph_break_cost": graph_break_cost,
     "compile_cache_divergence": compile_cache_divergence,
     "graph_collectives": graph_collectives,
-    "compile_time": compile_time,
     "compile_failures": compile_failures,
     "compile_divergence_groups": compile_divergence_groups,
     "compile_rank_divergence": compile_rank_divergence,
 }
 NEEDS = {
     "compile_evidence": ["compile_events"],
-    "compile_frames": ["compile_events"],
     "compiled_regions": ["host_ops", "compile_events"],
-    "graph_break_cost": ["compile_events"],
     "compile_cache_divergence": ["compile_events"],
     "graph_collectives": ["compile_events"],
-    "compile_time": ["compile_events"],
     "compile_failures": ["compile_events"],
     "compile_divergence_groups": ["compile_events"],
     "compile_rank_divergence": ["compile_events"],
