@@ -39,7 +39,7 @@ _FXCALL = re.compile(r"^## Call CompiledFxGraph (\w+) ##$")
 def compile_evidence(run: Run) -> pl.DataFrame:
     ce = run.table("compile_events")
     if ce.height == 0:
-        return ce.with_columns(pl.lit(None, pl.Utf8).alias("phase"), pl.lit(None, pl.Int64).alias("recompile_limit"))
+        return ce.with_columns(*(pl.lit(None, t).alias(c) for c, t in _DETAIL_COLUMNS.items()))
     kinds = {s.id: s.kind for s in run.sources}
     known = ce["rank"].drop_nulls().unique()
     if known.len() <= 1 and ce["rank"].null_count():
@@ -60,9 +60,33 @@ def compile_evidence(run: Run) -> pl.DataFrame:
     ce = ce.join(best, on=["rank", "kind"], how="left", nulls_equal=True)
     ce = ce.filter(pl.col("_prio") == pl.col("_best")).drop("_sk", "_prio", "_best")
     # the detail fields rule SQL reads, as columns (polars SQL has no JSON functions): a compile's phase (forward,
-    # backward), the recompile limit a cache_limit event names
-    ce = ce.with_columns(_detail_field("phase").alias("phase"), _detail_field("limit", pl.Int64).alias("recompile_limit"))
-    return _adopt_ids(ce)
+    # backward), the recompile limit a cache_limit event names, a failed compile's backend and category
+    ce = ce.with_columns(_detail_field("phase").alias("phase"), _detail_field("limit", pl.Int64).alias("recompile_limit"),
+                         _detail_field("backend").alias("backend"), _detail_field("category").alias("category"))
+    return _suppressed(run, _adopt_ids(ce))
+
+
+_DETAIL_COLUMNS = {"phase": pl.Utf8, "recompile_limit": pl.Int64, "backend": pl.Utf8, "category": pl.Utf8,
+                   "suppress_errors": pl.Boolean}
+
+
+def _suppressed(run: Run, ce: pl.DataFrame) -> pl.DataFrame:
+    """A failed compile's suppress_errors: whether the frame then ran in eager mode (true) or the error reached the
+    program (false); null where no log says. torch >= 2.6 compilation metrics say so on the failure itself; before,
+    a WON'T CONVERT report in TORCH_LOGS for the same function says true, from any source of the rank (or from a
+    log that names no rank: single-process stderr speaks for the rank the failure is on)."""
+    own = _detail_field("suppress_errors")
+    said = (run.table("compile_events").filter((pl.col("kind") == "compile_failure") & (own == "true"))
+            .select(pl.col("rank").alias("_srank"), "function").unique().with_columns(pl.lit(True).alias("_said")))
+    f = ce.filter(pl.col("kind") == "compile_failure")
+    pairs = (f.select("rank", "function").unique().join(said, on="function")
+             .filter(pl.col("_srank").is_null() | (pl.col("_srank") == pl.col("rank")))
+             .select("rank", "function", "_said").unique())
+    ce = ce.join(pairs, on=["rank", "function"], how="left", nulls_equal=True, maintain_order="left")
+    return ce.with_columns(
+        pl.when(pl.col("kind") == "compile_failure").then(
+            pl.coalesce(pl.when(own.is_not_null()).then(own == "true"), pl.col("_said"))).alias("suppress_errors"),
+    ).drop("_said")
 
 
 def _adopt_ids(ce: pl.DataFrame) -> pl.DataFrame:
@@ -515,60 +539,6 @@ def _ranks_word(ranks) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + format_ranks(ranks)
 
 
-# --- TQL406 -------------------------------------------------------------------------------------------------
-
-
-def compile_failures(run: Run) -> pl.DataFrame:
-    """Frames whose compile failed (compilation_metrics.fail_type, or a WON'T CONVERT report in TORCH_LOGS): one row
-    per function, failure type and reason, with the ranks it happened on and their compile ids. The recompile limit
-    (TQL401) and frames dynamo skips on purpose are not failures."""
-    schema = {"ranks": pl.List(pl.Int32), "ranks_text": pl.Utf8, "n_ranks": pl.UInt32, "compile_ids": pl.Utf8,
-              "first_compile_id": pl.Utf8, "function": pl.Utf8, "location": pl.Utf8, "fail_type": pl.Utf8,
-              "reason": pl.Utf8, "backend": pl.Utf8, "category": pl.Utf8, "outcome": pl.Utf8, "user_frame": pl.Utf8,
-              "note": pl.Utf8}
-    ev = _ensure(run, "compile_evidence")
-    f = ev.filter(pl.col("kind") == "compile_failure")
-    if f.height == 0:
-        return pl.DataFrame(schema=schema)
-    # whether suppress_errors was on: torch >= 2.6 metrics say so; before, a WON'T CONVERT report in TORCH_LOGS does
-    said = (run.table("compile_events").filter((pl.col("kind") == "compile_failure")
-                                                & (_detail_field("suppress_errors") == "true"))
-            .select(pl.col("rank").alias("_srank"), "function").unique().with_columns(pl.lit(True).alias("_said")))
-    # a log that names no rank (single-process stderr) speaks for the rank its failure is on
-    pairs = (f.select("rank", "function").unique().join(said, on="function")
-             .filter(pl.col("_srank").is_null() | (pl.col("_srank") == pl.col("rank")))
-             .select("rank", "function", "_said").unique())
-    f = f.join(pairs, on=["rank", "function"], how="left", nulls_equal=True)
-    f = f.with_columns(
-        _detail_field("backend").alias("backend"), _detail_field("category").alias("category"),
-        pl.coalesce(pl.when(_detail_field("suppress_errors").is_not_null()).then(_detail_field("suppress_errors") == "true"),
-                    pl.col("_said")).alias("_sup"),
-        pl.format("{}:{}", pl.col("filename").fill_null("?"), pl.col("line").fill_null(0)).alias("location"),
-        pl.col("op").fill_null("unknown").alias("fail_type"))
-    all_ranks = ev["rank"].drop_nulls().unique().len()
-    rows = []
-    keys = ["function", "location", "fail_type", "reason"]
-    for g in f.partition_by(keys, maintain_order=True):
-        r0 = g.row(0, named=True)
-        ranks = sorted(g["rank"].drop_nulls().unique().to_list())
-        cids = sorted(g["compile_id"].drop_nulls().unique().to_list(), key=_cid_order)
-        sup = g["_sup"].drop_nulls().to_list()
-        outcome = ("suppress_errors=True: the frame runs in eager mode, without its compiled speed-up" if sup and all(sup)
-                   else "the error reached the program (it stopped, or caught it)" if sup and not any(sup)
-                   else "the frame was not compiled")
-        where = _ranks_word(ranks) + (f" of {all_ranks}" if 1 < len(ranks) < all_ranks else "")
-        backend = f" (backend {r0['backend']})" if r0["backend"] else ""
-        cid_text = f"compile {summarise(cids)}" if cids else "a compile"
-        note = (f"{cid_text} of {r0['function'] or '?'} ({r0['location']}) failed on {where}: {r0['fail_type']}"
-                f"{backend}: {r0['reason'] or 'no reason logged'}; {outcome}")
-        rows.append({"ranks": ranks, "ranks_text": format_ranks(ranks), "n_ranks": len(ranks), "compile_ids": ",".join(cids),
-                     "first_compile_id": cids[0] if cids else None, "function": r0["function"],
-                     "location": r0["location"], "fail_type": r0["fail_type"], "reason": r0["reason"],
-                     "backend": r0["backend"], "category": r0["category"], "outcome": outcome,
-                     "user_frame": r0["user_frame"], "note": note})
-    return pl.DataFrame(rows, schema=schema)
-
-
 def _natural(name: str):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
@@ -756,7 +726,6 @@ DERIVED = {
     "compiled_regions": compiled_regions,
     "compile_cache_divergence": compile_cache_divergence,
     "graph_collectives": graph_collectives,
-    "compile_failures": compile_failures,
     "compile_divergence_groups": compile_divergence_groups,
     "compile_rank_divergence": compile_rank_divergence,
 }

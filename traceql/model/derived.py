@@ -594,6 +594,11 @@ _table(
         "detail": (STR, "JSON with whatever else the record held"),
         "phase": (STR, "a compile record's phase: forward or backward (detail.phase)"),
         "recompile_limit": (I64, "the recompile limit a cache_limit event names (detail.limit)"),
+        "backend": (STR, "a failed compile's backend (detail.backend)"),
+        "category": (STR, "a failed compile's class of failure (detail.category)"),
+        "suppress_errors": (BOOL, "a failed compile: suppress_errors was on, the frame ran eager (true), or the error "
+                                  "reached the program (false); from the failure's record or a WON'T CONVERT report "
+                                  "of the same function on the rank; null where no log says"),
     },
 )
 _table(
@@ -694,32 +699,6 @@ _table(
         "ops_between": (I64, "ops between the collective and its wait"),
         "compute_between": (I64, "compute ops among them (views, copies and other collectives are not compute); null where no wait consumes it"),
         "function": (STR, "co_name of the compiled frame"),
-    },
-)
-_table(
-    "compile_failures",
-    doc=(
-        "One row per failed compile (fail_type, or WON'T CONVERT), grouped over the ranks where the same frame failed"
-        " the same way."
-    ),
-    builder="traceql.link.compile:compile_failures",
-    scope="run",
-    reads=["compile_events", "compile_evidence"],
-    columns={
-        "ranks": (RANKS, "the ranks of the row"),
-        "ranks_text": (STR, "the ranks as people read them (0-2,5)"),
-        "n_ranks": (U32, "ranks compared"),
-        "compile_ids": (STR, "the compile ids concerned"),
-        "first_compile_id": (STR, "the first failed compile id"),
-        "function": (STR, "co_name of the compiled frame"),
-        "location": (STR, "file:line of the compiled frame"),
-        "fail_type": (STR, "the exception type"),
-        "reason": (STR, "the reason the log gives"),
-        "backend": (STR, "the compiler backend"),
-        "category": (STR, "class of failure"),
-        "outcome": (STR, "what happened after (fell back to eager, ...)"),
-        "user_frame": (STR, "file:line of the user code"),
-        "note": (STR, "the sentence the rule's message prints"),
     },
 )
 _table(
