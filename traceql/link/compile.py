@@ -62,12 +62,14 @@ def compile_evidence(run: Run) -> pl.DataFrame:
     # the detail fields rule SQL reads, as columns (polars SQL has no JSON functions): a compile's phase (forward,
     # backward), the recompile limit a cache_limit event names, a failed compile's backend and category
     ce = ce.with_columns(_detail_field("phase").alias("phase"), _detail_field("limit", pl.Int64).alias("recompile_limit"),
-                         _detail_field("backend").alias("backend"), _detail_field("category").alias("category"))
+                         _detail_field("backend").alias("backend"), _detail_field("category").alias("category"),
+                         _detail_field("cache").alias("cache"),
+                         pl.col("source").replace_strict(kinds, default="unknown", return_dtype=pl.Utf8).alias("source_kind"))
     return _suppressed(run, _adopt_ids(ce))
 
 
 _DETAIL_COLUMNS = {"phase": pl.Utf8, "recompile_limit": pl.Int64, "backend": pl.Utf8, "category": pl.Utf8,
-                   "suppress_errors": pl.Boolean}
+                   "cache": pl.Utf8, "source_kind": pl.Utf8, "suppress_errors": pl.Boolean}
 
 
 def _suppressed(run: Run, ce: pl.DataFrame) -> pl.DataFrame:
@@ -586,7 +588,7 @@ def compile_rank_divergence(run: Run) -> pl.DataFrame:
         return pl.DataFrame(schema=_DIV_SCHEMA)
     # compared by compile id F/C: a restart attempt (F/C_1, after a graph break) is the same frame's compile
     ev = ev.with_columns(pl.col("compile_id").alias("_cid"))
-    rows = _schedule_rows(ev) + _cache_pattern_rows(ev) + _tensor_meta_rows(ev)
+    rows = _schedule_rows(ev) + _tensor_meta_rows(ev)
     return pl.DataFrame(rows, schema=_DIV_SCHEMA) if rows else pl.DataFrame(schema=_DIV_SCHEMA)
 
 
@@ -656,38 +658,6 @@ def _grouped(aspect: str, per_cid: list[tuple[str, list[int], list[int], str, st
 
 def _cids_text(cids) -> str:
     return ("compile " if len(cids) == 1 else f"{len(cids)} compile ids (") + summarise(cids) + ("" if len(cids) == 1 else ")")
-
-
-def _cache_pattern_rows(ev: pl.DataFrame) -> list[dict]:
-    c = ev.filter(pl.col("kind").is_in(["cache_hit", "cache_miss", "cache_bypass"])
-                  & (_detail_field("cache") == "fx_graph").fill_null(False))
-    if c.height == 0:
-        return []
-    c = c.with_columns(pl.col("kind").str.replace("cache_", "").alias("_hm"))
-    pat = c.group_by("rank", "_cid", maintain_order=True).agg(pl.col("_hm"))
-    per_cid = []
-    for cid, vals in _per_cid_values(pat.with_columns(pl.col("_hm").list.join(",").alias("_p")), "_p").items():
-        if len(vals) < 2 or len(set(vals.values())) < 2:
-            continue
-        maj_r, maj_v, odd = _odd_groups(vals)
-        for rs, v in odd:
-            per_cid.append((cid, rs, maj_r, _pattern_word(v), _pattern_word(maj_v), len(vals)))
-
-    def sentence(rs, maj, cids, here, there):
-        return (f"{_ranks_word(rs)} {here} the FX graph cache where {_ranks_word(maj)} {there}, on {_cids_text(cids)}: "
-                f"{'a cache miss recompiles the graph from scratch, so that rank starts later and the others wait for it at the first collective' if 'miss' in here else 'those ranks compiled from scratch while this one reused cached graphs'}")
-    return _grouped("cache_pattern", per_cid, sentence)
-
-
-def _pattern_word(p: str) -> str:
-    kinds = set(p.split(","))
-    if kinds == {"hit"}:
-        return "hit"
-    if kinds == {"miss"}:
-        return "missed"
-    if kinds == {"bypass"}:
-        return "bypassed"
-    return f"had {p.replace(',', ', ')}"
 
 
 def _tensor_meta_rows(ev: pl.DataFrame) -> list[dict]:

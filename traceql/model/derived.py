@@ -596,6 +596,8 @@ _table(
         "recompile_limit": (I64, "the recompile limit a cache_limit event names (detail.limit)"),
         "backend": (STR, "a failed compile's backend (detail.backend)"),
         "category": (STR, "a failed compile's class of failure (detail.category)"),
+        "cache": (STR, "a cache event's cache: fx_graph, aot_autograd, ... (detail.cache)"),
+        "source_kind": (STR, "the kind of log the row comes from: torch_trace, torch_logs or compile_debug"),
         "suppress_errors": (BOOL, "a failed compile: suppress_errors was on, the frame ran eager (true), or the error "
                                   "reached the program (false); from the failure's record or a WON'T CONVERT report "
                                   "of the same function on the rank; null where no log says"),
