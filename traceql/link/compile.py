@@ -588,7 +588,7 @@ def compile_rank_divergence(run: Run) -> pl.DataFrame:
         return pl.DataFrame(schema=_DIV_SCHEMA)
     # compared by compile id F/C: a restart attempt (F/C_1, after a graph break) is the same frame's compile
     ev = ev.with_columns(pl.col("compile_id").alias("_cid"))
-    rows = _schedule_rows(ev) + _tensor_meta_rows(ev)
+    rows = _schedule_rows(ev)
     return pl.DataFrame(rows, schema=_DIV_SCHEMA) if rows else pl.DataFrame(schema=_DIV_SCHEMA)
 
 
@@ -637,58 +637,6 @@ def _schedule_rows(ev: pl.DataFrame) -> list[dict]:
 def _clip(seq: str, k: int = 4) -> str:
     parts = seq.split(" -> ")
     return seq if len(parts) <= k + 1 else " -> ".join(parts[:k]) + f" -> ... ({len(parts)} collectives)"
-
-
-def _grouped(aspect: str, per_cid: list[tuple[str, list[int], list[int], str, str, int]], sentence) -> list[dict]:
-    """Odd groups found per compile id, merged over compile ids that share the same odd ranks and the same kind of
-    difference (`kind`): one row each, its compile ids summarised in the note and listed in full in compile_ids."""
-    merged: dict[tuple, list] = {}
-    for cid, rs, maj, here, there, n in per_cid:
-        merged.setdefault((tuple(rs), here, there), []).append((cid, maj, n))
-    rows = []
-    for (rs, here, there), items in merged.items():
-        cids = sorted({c for c, _, _ in items}, key=_cid_order)
-        maj = sorted({r for _, m, _ in items for r in m})
-        rows.append({"aspect": aspect, "ranks": list(rs), "ranks_text": format_ranks(rs), "majority_ranks": format_ranks(maj),
-                     "n_ranks": max(n for _, _, n in items), "compile_id": cids[0], "compile_ids": ",".join(cids),
-                     "n_compile_ids": len(cids), "here": here, "majority": there,
-                     "note": sentence(list(rs), maj, cids, here, there)})
-    return sorted(rows, key=lambda r: (_cid_order(r["compile_id"]), r["ranks"]))
-
-
-def _cids_text(cids) -> str:
-    return ("compile " if len(cids) == 1 else f"{len(cids)} compile ids (") + summarise(cids) + ("" if len(cids) == 1 else ")")
-
-
-def _tensor_meta_rows(ev: pl.DataFrame) -> list[dict]:
-    t = ev.filter(pl.col("kind") == "graph_inputs")
-    if t.height == 0:
-        return []
-    sig = t.group_by("rank", "_cid", maintain_order=True).agg(pl.col("reason").first().alias("_sig"))
-    per_cid = []
-    for cid, vals in _per_cid_values(sig, "_sig").items():
-        if len(vals) < 2 or len(set(vals.values())) < 2:
-            continue
-        maj_r, maj_v, odd = _odd_groups(vals)
-        for rs, v in odd:
-            here, there = _input_diff(v or "", maj_v or "")
-            per_cid.append((cid, rs, maj_r, here, there, len(vals)))
-
-    def sentence(rs, maj, cids, here, there):
-        return (f"on {_cids_text(cids)} the compiled graph's inputs differ: {here} on {_ranks_word(rs)} vs {there} "
-                f"on {_ranks_word(maj)}: the ranks compiled different graphs for different shapes")
-    return _grouped("tensor_meta", per_cid, sentence)
-
-
-def _input_diff(a: str, b: str, k: int = 2) -> tuple[str, str]:
-    """The inputs that differ between two `name: f32[4, 16]; ...` signatures, at most k of them named."""
-    da = dict(x.split(": ", 1) if ": " in x else (x, "?") for x in a.split("; ") if x)
-    db = dict(x.split(": ", 1) if ": " in x else (x, "?") for x in b.split("; ") if x)
-    names = [n for n in dict.fromkeys([*da, *db]) if da.get(n) != db.get(n)]
-    more = f" (and {len(names) - k} more inputs)" if len(names) > k else ""
-    here = ", ".join(f"{n} {da.get(n, 'absent')}" for n in names[:k]) + more
-    there = ", ".join(f"{n} {db.get(n, 'absent')}" for n in names[:k]) + more
-    return here or "the same inputs in another order", there or "theirs"
 
 
 DERIVED = {
