@@ -138,7 +138,7 @@ def test_two_logs_claiming_one_rank_do_not_crash_the_comparison(tmp_path):
     (dst / "tt" / "dedicated_log_torch_trace_rank_0_copy.log.gz").write_bytes(
         gzip.compress(text.replace('"rank": 3,', '"rank": 0,').encode()))
     run = _run(dst)
-    for table in ("compile_divergence_groups", "compile_rank_divergence", "compile_evidence",
+    for table in ("compile_divergence_groups", "compile_evidence",
                   "graph_collectives", "compiled_regions"):
         assert isinstance(link.ensure(run, table), pl.DataFrame)
     # the comparison itself is not run on collided ranks (the rank-collision policy): skipped, with the reason named

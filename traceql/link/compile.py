@@ -63,13 +63,15 @@ def compile_evidence(run: Run) -> pl.DataFrame:
     # backward), the recompile limit a cache_limit event names, a failed compile's backend and category
     ce = ce.with_columns(_detail_field("phase").alias("phase"), _detail_field("limit", pl.Int64).alias("recompile_limit"),
                          _detail_field("backend").alias("backend"), _detail_field("category").alias("category"),
-                         _detail_field("cache").alias("cache"),
+                         _detail_field("cache").alias("cache"), _detail_field("graph").alias("graph"),
+                         _detail_field("graph_no", pl.Int64).alias("graph_no"),
                          pl.col("source").replace_strict(kinds, default="unknown", return_dtype=pl.Utf8).alias("source_kind"))
     return _suppressed(run, _adopt_ids(ce))
 
 
 _DETAIL_COLUMNS = {"phase": pl.Utf8, "recompile_limit": pl.Int64, "backend": pl.Utf8, "category": pl.Utf8,
-                   "cache": pl.Utf8, "source_kind": pl.Utf8, "suppress_errors": pl.Boolean}
+                   "cache": pl.Utf8, "graph": pl.Utf8, "graph_no": pl.Int64, "source_kind": pl.Utf8,
+                   "suppress_errors": pl.Boolean}
 
 
 def _suppressed(run: Run, ce: pl.DataFrame) -> pl.DataFrame:
@@ -526,17 +528,6 @@ def summarise(items, k: int = 3) -> str:
     return ", ".join(items[:k]) + f" and {len(items) - k} more"
 
 
-def _odd_groups(values: dict[int, object]) -> tuple[list[int], object, list[tuple[list[int], object]]]:
-    """Ranks grouped by value: (majority ranks, majority value, [(odd ranks, their value), ...]). The majority is
-    the value most ranks have; a tie goes to the value of the lowest rank."""
-    by: dict[object, list[int]] = {}
-    for r in sorted(values):
-        by.setdefault(values[r], []).append(r)
-    order = sorted(by.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
-    (maj_v, maj_r), rest = order[0], order[1:]
-    return maj_r, maj_v, [(rs, v) for v, rs in rest]
-
-
 def _ranks_word(ranks) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + format_ranks(ranks)
 
@@ -550,100 +541,10 @@ def _cid_order(cid: str):
     return (cid.startswith("!"), nums, cid)
 
 
-# --- TQL403 (grouped), TQL407, TQL408, TQL409: ranks that compiled differently -------------------------------
-
-
-_DIV_SCHEMA = {"aspect": pl.Utf8, "ranks": pl.List(pl.Int32), "ranks_text": pl.Utf8, "majority_ranks": pl.Utf8,
-               "n_ranks": pl.UInt32, "compile_id": pl.Utf8, "compile_ids": pl.Utf8, "n_compile_ids": pl.UInt32,
-               "here": pl.Utf8, "majority": pl.Utf8, "note": pl.Utf8}
-
-
-def _trace_ranks(run: Run, ev: pl.DataFrame) -> pl.DataFrame:
-    """compile_evidence rows from TORCH_TRACE logs only: the one source that names every compile id of a rank."""
-    tt = {s.id for s in run.sources if s.kind == "torch_trace"}
-    return ev.filter(pl.col("source").is_in(list(tt)) & pl.col("rank").is_not_null() & pl.col("compile_id").is_not_null())
-
-
-def _per_cid_values(df: pl.DataFrame, value: str) -> dict[str, dict[int, str]]:
-    out: dict[str, dict[int, str]] = {}
-    for cid, rank, v in df.select("_cid", "rank", value).iter_rows():
-        out.setdefault(cid, {})[rank] = v
-    return out
-
-
-def compile_rank_divergence(run: Run) -> pl.DataFrame:
-    """What ranks compiled differently, beyond cache keys (TQL403), in one row per aspect and group of odd ranks:
-    - collective_schedule: the collectives inside a compiled graph, in graph order (post-grad graph where logged),
-      differ from the majority's for the same compile id (TQL407: ranks issuing collectives in different orders
-      deadlock or reduce the wrong tensors);
-    - cache_pattern: the FX graph cache hit/miss sequence differs (TQL408), grouped over compile ids;
-    - tensor_meta: the dynamo graph's inputs (shapes, dtypes) differ (TQL409), grouped over compile ids.
-    Only ranks whose TORCH_TRACE logs hold the fact for a compile id take part in comparing it. `ranks` is the odd
-    group, `majority_ranks` the ranks it is compared with; `note` is the sentence the rule's message prints."""
-    ev = _ensure(run, "compile_evidence")
-    if ev.height == 0:
-        return pl.DataFrame(schema=_DIV_SCHEMA)
-    ev = _trace_ranks(run, ev)
-    if ev.height == 0 or ev["rank"].n_unique() < 2:
-        return pl.DataFrame(schema=_DIV_SCHEMA)
-    # compared by compile id F/C: a restart attempt (F/C_1, after a graph break) is the same frame's compile
-    ev = ev.with_columns(pl.col("compile_id").alias("_cid"))
-    rows = _schedule_rows(ev)
-    return pl.DataFrame(rows, schema=_DIV_SCHEMA) if rows else pl.DataFrame(schema=_DIV_SCHEMA)
-
-
-def _schedule_rows(ev: pl.DataFrame) -> list[dict]:
-    g = ev.filter(pl.col("kind") == "graph_op")
-    if g.height == 0:
-        return []
-    g = g.with_columns(_detail_field("graph").alias("_graph"), _detail_field("graph_no", pl.Int64).alias("_gno"))
-    rank_of = {"post_grad": 0, "aot": 1, "dynamo": 2}
-    g = g.with_columns(pl.col("_graph").replace_strict(rank_of, default=3, return_dtype=pl.Int32).alias("_gr"))
-    g = g.filter(pl.col("_gr") == pl.col("_gr").min().over("rank", "_cid"))
-    # the last copy of each graph (inductor may log a graph more than once): the graph as run
-    g = g.filter(pl.col("_gno") == pl.col("_gno").max().over("rank", "_cid", "_graph"))
-    if not g.filter(pl.col("op").str.contains(_COLLECTIVE.pattern)).height:
-        return []
-    sched = (g.sort("op_index").group_by("rank", "_cid", maintain_order=True)
-             .agg(pl.col("op").filter(pl.col("op").str.contains(_COLLECTIVE.pattern)
-                                      & ~pl.col("op").str.contains(_WAIT.pattern)).alias("_ops")))
-    short = (pl.element().str.replace(r"^(?:torch\.ops\.)?_?c10d_functional\.", "").str.replace(r"\.default$", "")
-             .str.strip_chars_end("_"))
-    per_cid = _per_cid_values(sched.with_columns(pl.col("_ops").list.eval(short).list.join(" -> ").alias("_s")), "_s")
-    # a rank's whole schedule, its graphs in compile order: where every rank's agrees, the collectives still pair up
-    # at run time even if they sit in other graphs (a rank-specific graph break moves them into the resume frame)
-    whole: dict[int, list[str]] = {}
-    for cid in sorted(per_cid, key=_cid_order):
-        for rank, v in per_cid[cid].items():
-            whole.setdefault(rank, []).extend(x for x in (v or "").split(" -> ") if x)
-    if len({tuple(v) for v in whole.values()}) < 2:
-        return []
-    rows = []
-    for cid, vals in sorted(per_cid.items(), key=lambda kv: _cid_order(kv[0])):
-        if len(vals) < 2 or len(set(vals.values())) < 2:
-            continue
-        maj_r, maj_v, odd = _odd_groups(vals)
-        for rs, v in odd:
-            here, there = v or "no collectives", maj_v or "no collectives"
-            rows.append({"aspect": "collective_schedule", "ranks": rs, "ranks_text": format_ranks(rs), "majority_ranks": format_ranks(maj_r),
-                         "n_ranks": len(vals), "compile_id": cid, "compile_ids": cid, "n_compile_ids": 1,
-                         "here": here, "majority": there,
-                         "note": (f"compile {cid}: the compiled graph on {_ranks_word(rs)} issues {_clip(here)}, on "
-                                  f"{_ranks_word(maj_r)} {_clip(there)}: the ranks' collectives no longer pair up "
-                                  "in order, unless the others issue the difference in eager code")})
-    return rows
-
-
-def _clip(seq: str, k: int = 4) -> str:
-    parts = seq.split(" -> ")
-    return seq if len(parts) <= k + 1 else " -> ".join(parts[:k]) + f" -> ... ({len(parts)} collectives)"
-
-
 DERIVED = {
     "compile_evidence": compile_evidence,
     "compiled_regions": compiled_regions,
     "compile_cache_divergence": compile_cache_divergence,
     "graph_collectives": graph_collectives,
     "compile_divergence_groups": compile_divergence_groups,
-    "compile_rank_divergence": compile_rank_divergence,
 }

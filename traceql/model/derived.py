@@ -597,6 +597,8 @@ _table(
         "backend": (STR, "a failed compile's backend (detail.backend)"),
         "category": (STR, "a failed compile's class of failure (detail.category)"),
         "cache": (STR, "a cache event's cache: fx_graph, aot_autograd, ... (detail.cache)"),
+        "graph": (STR, "a graph op's graph: post_grad (what inductor runs), aot or dynamo (detail.graph)"),
+        "graph_no": (I64, "which copy of that graph the op is in, in log order (detail.graph_no)"),
         "source_kind": (STR, "the kind of log the row comes from: torch_trace, torch_logs or compile_debug"),
         "suppress_errors": (BOOL, "a failed compile: suppress_errors was on, the frame ran eager (true), or the error "
                                   "reached the program (false); from the failure's record or a WON'T CONVERT report "
@@ -701,29 +703,6 @@ _table(
         "ops_between": (I64, "ops between the collective and its wait"),
         "compute_between": (I64, "compute ops among them (views, copies and other collectives are not compute); null where no wait consumes it"),
         "function": (STR, "co_name of the compiled frame"),
-    },
-)
-_table(
-    "compile_rank_divergence",
-    doc=(
-        "One row per aspect (collective schedule, cache hit pattern, input metadata) and group of odd ranks: what "
-        "those ranks compiled differently."
-    ),
-    builder="traceql.link.compile:compile_rank_divergence",
-    scope="run",
-    reads=["compile_evidence"],
-    columns={
-        "aspect": (STR, "collective_schedule, cache_pattern or input_metadata"),
-        "ranks": (RANKS, "the ranks of the row"),
-        "ranks_text": (STR, "the ranks as people read them (0-2,5)"),
-        "majority_ranks": (STR, "ranks holding the majority value"),
-        "n_ranks": (U32, "ranks compared"),
-        "compile_id": (STR, "torch.compile id frame/attempt"),
-        "compile_ids": (STR, "the compile ids concerned"),
-        "n_compile_ids": (U32, "how many"),
-        "here": (STR, "the odd ranks' value"),
-        "majority": (STR, "the majority's value"),
-        "note": (STR, "the sentence the rule's message prints"),
     },
 )
 
