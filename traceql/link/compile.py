@@ -1,9 +1,15 @@
-"""torch.compile derived tables: the facts TQL401-405 select, built from compile_events (and host_ops, steps).
+"""torch.compile facts: what the compile logs say per rank and compile id, for rules, reports and queries alike.
 
 compile_events can hold the same fact from several sources of one rank (TORCH_TRACE, TORCH_LOGS text,
 TORCH_COMPILE_DEBUG). `compile_evidence` keeps, per rank and event kind, only the best source that has that kind:
-TORCH_TRACE first (it has compile ids, keys, times), then TORCH_LOGS, then TORCH_COMPILE_DEBUG (inferred ids).
-Every other table here reads compile_evidence.
+TORCH_TRACE first (it has compile ids, keys, times), then TORCH_LOGS, then TORCH_COMPILE_DEBUG (inferred ids), with
+the detail fields rules read as columns. Every other table here reads compile_evidence:
+- compiled_regions: runtime of each compiled region and FX graph call per rank and step (Kineto host ops);
+- graph_collectives: each collective inside a compiled graph with the wait_tensor that consumes it;
+- compile_cache_divergence: FX graph cache keys compared across ranks graph by graph, with the key components that
+  differ (parsing and diffing the components' JSON is what rule SQL cannot do); compile_divergence_groups groups
+  its rows as people read them.
+Verdicts and thresholds are the rules' (rules/TQL4*.yaml), not this module's.
 """
 
 from __future__ import annotations
@@ -171,7 +177,7 @@ def compiled_regions(run: Run) -> pl.DataFrame:
     return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank", "step", "what", "compile_id", nulls_last=True)
 
 
-# --- TQL403 -------------------------------------------------------------------------------------------------
+# --- FX graph cache keys compared across ranks, graph by graph ------------------------------------------------
 
 _TM = re.compile(r"TensorMetadata\(dtype=([^,]+), shape=torch\.Size\(\[([^\]]*)\]\).*?device=device\(([^)]*)\)")
 
@@ -464,7 +470,7 @@ def _load(s: str | None) -> dict | None:
         return None
 
 
-# --- TQL404 -------------------------------------------------------------------------------------------------
+# --- collectives inside compiled graphs and their waits ------------------------------------------------------
 
 
 def graph_collectives(run: Run) -> pl.DataFrame:
@@ -517,7 +523,7 @@ def graph_collectives(run: Run) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema).sort("rank", "compile_id", "graph_no", "op_index")
 
 
-# --- shared: grouping ranks and summarising lists --------------------------------------------------------------
+# --- summarising lists and ranks ---------------------------------------------------------------------------
 
 
 def summarise(items, k: int = 3) -> str:
