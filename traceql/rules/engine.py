@@ -258,7 +258,7 @@ def split_ctes(sql: str) -> tuple[list[tuple[str, str]], str] | None:
         i += 1
 
 
-def _execute(ctx: pl.SQLContext, query: str) -> pl.DataFrame:
+def execute_sql(ctx: pl.SQLContext, query: str) -> pl.DataFrame:
     """The query's rows. Its CTEs run one by one, each result registered as a table for the next: polars plans a
     statement whose CTEs read each other more than once as a tree, whose size doubles with each such level (20 CTEs
     of that kind took seconds on 60 rows), where running them in turn costs their sum."""
@@ -280,7 +280,7 @@ def _sql(run: Run, rule: Rule) -> pl.DataFrame:
     names = viewsmod.named(query, sorted(known))
     frames = {n: table(run, n, rule.views) for n in names}
     if rule.cross_rank:
-        return _execute(pl.SQLContext(frames=frames), query)
+        return execute_sql(pl.SQLContext(frames=frames), query)
     ranks = sorted({r for df in frames.values() if "rank" in df.columns for r in df["rank"].drop_nulls().unique().to_list()})
     slices = {n: _rank_slices(df) for n, df in frames.items() if "rank" in df.columns}
     outs = []
@@ -296,7 +296,7 @@ def _sql(run: Run, rule: Rule) -> pl.DataFrame:
                 part[n] = df.slice(off, ln).lazy()
             else:
                 part[n] = df.lazy().filter(pl.col("rank") == r)
-        res = _execute(pl.SQLContext(frames=part), query)
+        res = execute_sql(pl.SQLContext(frames=part), query)
         if res.height:
             if "rank" not in res.columns:
                 res = res.with_columns(pl.lit(r, pl.Int32).alias("rank"))
