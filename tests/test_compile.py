@@ -253,7 +253,7 @@ def test_same_shape_ddp_ranks_agree_on_keys():
     run = _run(COMPILE / "ddp_gloo_same")
     assert link.ensure(run, "compile_cache_divergence").height == 0
     coll = link.ensure(run, "graph_collectives")
-    assert coll.filter(pl.col("serialized"))["rank"].sort().to_list() == [0, 1]
+    assert coll.filter(pl.col("compute_between") == 0)["rank"].sort().to_list() == [0, 1]
 
 
 # --- rules on the captured fixtures ----------------------------------------------------------------------------

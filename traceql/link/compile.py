@@ -1,9 +1,15 @@
-"""torch.compile derived tables: the facts TQL401-405 select, built from compile_events (and host_ops, steps).
+"""torch.compile facts: what the compile logs say per rank and compile id, for rules, reports and queries alike.
 
 compile_events can hold the same fact from several sources of one rank (TORCH_TRACE, TORCH_LOGS text,
 TORCH_COMPILE_DEBUG). `compile_evidence` keeps, per rank and event kind, only the best source that has that kind:
-TORCH_TRACE first (it has compile ids, keys, times), then TORCH_LOGS, then TORCH_COMPILE_DEBUG (inferred ids).
-Every other table here reads compile_evidence.
+TORCH_TRACE first (it has compile ids, keys, times), then TORCH_LOGS, then TORCH_COMPILE_DEBUG (inferred ids), with
+the detail fields rules read as columns. Every other table here reads compile_evidence:
+- compiled_regions: runtime of each compiled region and FX graph call per rank and step (Kineto host ops);
+- graph_collectives: each collective inside a compiled graph with the wait_tensor that consumes it;
+- compile_cache_divergence: FX graph cache keys compared across ranks graph by graph, with the key components that
+  differ (parsing and diffing the components' JSON is what rule SQL cannot do); compile_divergence_groups groups
+  its rows as people read them.
+Verdicts and thresholds are the rules' (rules/TQL4*.yaml), not this module's.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ _FXCALL = re.compile(r"^## Call CompiledFxGraph (\w+) ##$")
 def compile_evidence(run: Run) -> pl.DataFrame:
     ce = run.table("compile_events")
     if ce.height == 0:
-        return ce
+        return ce.with_columns(*(pl.lit(None, t).alias(c) for c, t in _DETAIL_COLUMNS.items()))
     kinds = {s.id: s.kind for s in run.sources}
     known = ce["rank"].drop_nulls().unique()
     if known.len() <= 1 and ce["rank"].null_count():
@@ -59,7 +65,38 @@ def compile_evidence(run: Run) -> pl.DataFrame:
     best = ce.group_by("rank", "kind").agg(pl.col("_prio").min().alias("_best"))
     ce = ce.join(best, on=["rank", "kind"], how="left", nulls_equal=True)
     ce = ce.filter(pl.col("_prio") == pl.col("_best")).drop("_sk", "_prio", "_best")
-    return _adopt_ids(ce)
+    # the detail fields rule SQL reads, as columns (polars SQL has no JSON functions): a compile's phase (forward,
+    # backward), the recompile limit a cache_limit event names, a failed compile's backend and category
+    ce = ce.with_columns(_detail_field("phase").alias("phase"), _detail_field("limit", pl.Int64).alias("recompile_limit"),
+                         _detail_field("backend").alias("backend"), _detail_field("category").alias("category"),
+                         _detail_field("cache").alias("cache"), _detail_field("graph").alias("graph"),
+                         _detail_field("graph_no", pl.Int64).alias("graph_no"),
+                         pl.col("source").replace_strict(kinds, default="unknown", return_dtype=pl.Utf8).alias("source_kind"))
+    return _suppressed(run, _adopt_ids(ce))
+
+
+_DETAIL_COLUMNS = {"phase": pl.Utf8, "recompile_limit": pl.Int64, "backend": pl.Utf8, "category": pl.Utf8,
+                   "cache": pl.Utf8, "graph": pl.Utf8, "graph_no": pl.Int64, "source_kind": pl.Utf8,
+                   "suppress_errors": pl.Boolean}
+
+
+def _suppressed(run: Run, ce: pl.DataFrame) -> pl.DataFrame:
+    """A failed compile's suppress_errors: whether the frame then ran in eager mode (true) or the error reached the
+    program (false); null where no log says. torch >= 2.6 compilation metrics say so on the failure itself; before,
+    a WON'T CONVERT report in TORCH_LOGS for the same function says true, from any source of the rank (or from a
+    log that names no rank: single-process stderr speaks for the rank the failure is on)."""
+    own = _detail_field("suppress_errors")
+    said = (run.table("compile_events").filter((pl.col("kind") == "compile_failure") & (own == "true"))
+            .select(pl.col("rank").alias("_srank"), "function").unique().with_columns(pl.lit(True).alias("_said")))
+    f = ce.filter(pl.col("kind") == "compile_failure")
+    pairs = (f.select("rank", "function").unique().join(said, on="function")
+             .filter(pl.col("_srank").is_null() | (pl.col("_srank") == pl.col("rank")))
+             .select("rank", "function", "_said").unique())
+    ce = ce.join(pairs, on=["rank", "function"], how="left", nulls_equal=True, maintain_order="left")
+    return ce.with_columns(
+        pl.when(pl.col("kind") == "compile_failure").then(
+            pl.coalesce(pl.when(own.is_not_null()).then(own == "true"), pl.col("_said"))).alias("suppress_errors"),
+    ).drop("_said")
 
 
 def _adopt_ids(ce: pl.DataFrame) -> pl.DataFrame:
@@ -97,67 +134,11 @@ def _known_rank(run: Run):
     return known[0] if known.len() == 1 else None
 
 
-def _steps(run: Run) -> pl.DataFrame:
-    """steps, with a null rank filled in for single-process runs (a profile without distributedInfo)."""
-    st = run.table("steps")
-    r = _known_rank(run)
-    if st.height and r is not None and st["rank"].null_count():
-        st = st.with_columns(pl.col("rank").fill_null(r))
-    return st
-
-
 def _detail_field(name: str, dtype=pl.Utf8) -> pl.Expr:
     return pl.col("detail").str.json_path_match(f"$.{name}").cast(dtype, strict=False)
 
 
-# --- TQL401 -------------------------------------------------------------------------------------------------
-
-
-def compile_frames(run: Run) -> pl.DataFrame:
-    """Per rank and frame: compiles, recompiles, whether the recompile limit was hit, the guard that keeps failing."""
-    ev = _ensure(run, "compile_evidence")
-    schema = {"rank": pl.Int32, "frame_id": pl.Int64, "function": pl.Utf8, "filename": pl.Utf8, "line": pl.Int64,
-              "compiles": pl.UInt32, "recompiles": pl.UInt32, "limit_hit": pl.Boolean, "limit": pl.Int64,
-              "top_guard": pl.Utf8, "top_guard_count": pl.UInt32, "last_guard": pl.Utf8, "compile_s": pl.Float64,
-              "location": pl.Utf8, "limit_note": pl.Utf8}
-    ev = ev.filter(pl.col("kind").is_in(["compile", "recompile", "cache_limit"]) & pl.col("frame_id").is_not_null())
-    if ev.height == 0:
-        return pl.DataFrame(schema=schema)
-    fwd = pl.col("kind") == "compile"
-    fwd_only = fwd & (pl.col("detail").is_null() | (_detail_field("phase") != "backward").fill_null(True))
-    base = ev.group_by("rank", "frame_id").agg(
-        pl.col("function").drop_nulls().first(),
-        pl.col("filename").drop_nulls().first(),
-        pl.col("line").drop_nulls().first(),
-        pl.col("compile_id").filter(fwd_only).n_unique().alias("compiles"),
-        (pl.col("kind") == "recompile").sum().alias("recompiles"),
-        (pl.col("kind") == "cache_limit").any().alias("limit_hit"),
-        _detail_field("limit", pl.Int64).filter(pl.col("kind") == "cache_limit").drop_nulls().first().alias("limit"),
-        (pl.col("dur").filter(fwd).sum() / 1e9).alias("compile_s"),
-    )
-    rec = ev.filter((pl.col("kind") == "recompile") & pl.col("guard").is_not_null())
-    # the guard that fails most often: strip the per-call numbers so that "expected 3, actual 4" and
-    # "expected 4, actual 5" count as one guard
-    rec = rec.with_columns(pl.col("guard").str.replace_all(r"expected \S+, actual \S+", "expected (varies), actual (varies)").alias("_g"))
-    # ties (every guard failing once, say) go to the guard that failed first, not to whichever the hash order gives
-    top = (rec.with_row_index("_first").group_by("rank", "frame_id", "_g")
-           .agg(pl.len().alias("top_guard_count"), pl.col("guard").last().alias("_ex"), pl.col("_first").min())
-           .sort(["top_guard_count", "_first"], descending=[True, False]).group_by("rank", "frame_id", maintain_order=True).agg(
-               pl.col("_g").first().alias("top_guard"), pl.col("top_guard_count").first()))
-    last = rec.sort("attempt").group_by("rank", "frame_id").agg(pl.col("guard").last().alias("last_guard"))
-    out = base.join(top, on=["rank", "frame_id"], how="left", nulls_equal=True).join(
-        last, on=["rank", "frame_id"], how="left", nulls_equal=True)
-    out = out.with_columns(
-        pl.format("{}:{}", pl.col("filename").fill_null("unknown file"), pl.col("line").fill_null(0)).alias("location"),
-        pl.col("top_guard_count").fill_null(0),
-        pl.when(pl.col("limit_hit")).then(pl.format(
-            " and hit the recompile limit ({}): the frame now runs in eager mode", pl.col("limit").cast(pl.Utf8).fill_null("size unknown")))
-        .otherwise(pl.lit("")).alias("limit_note"),
-    )
-    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank", "frame_id")
-
-
-# --- compiled regions (Kineto) and TQL402 -------------------------------------------------------------------
+# --- compiled regions (Kineto): runtime per compile id and step --------------------------------------------
 
 
 def compiled_regions(run: Run) -> pl.DataFrame:
@@ -196,52 +177,7 @@ def compiled_regions(run: Run) -> pl.DataFrame:
     return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank", "step", "what", "compile_id", nulls_last=True)
 
 
-def graph_break_cost(run: Run) -> pl.DataFrame:
-    """One row per graph break (rank, compile id, reason, user frame), with how often the broken frame's compiled
-    region ran per step and its time per step where a profiler trace has it (null where none does)."""
-    schema = {"rank": pl.Int32, "compile_id": pl.Utf8, "function": pl.Utf8, "location": pl.Utf8, "reason": pl.Utf8,
-              "user_frame": pl.Utf8, "n_steps": pl.UInt32, "steps_with_calls": pl.UInt32, "calls_per_step": pl.Float64,
-              "ms_per_step": pl.Float64, "traced": pl.Boolean, "cost_note": pl.Utf8}
-    ev = _ensure(run, "compile_evidence")
-    gb = ev.filter(pl.col("kind") == "graph_break")
-    if gb.height == 0:
-        return pl.DataFrame(schema=schema)
-    gb = gb.unique(subset=["rank", "compile_id", "reason", "user_frame"], keep="first", maintain_order=True)
-    # torch < 2.4 TORCH_TRACE shows a graph break only as its resume frame: the reason is in TORCH_LOGS alone
-    gb = gb.with_columns(pl.col("reason").fill_null("reason not in this log (torch < 2.4 TORCH_TRACE; "
-                                                    "TORCH_LOGS=graph_breaks prints it)"))
-    regions = _ensure(run, "compiled_regions")
-    reg = regions.filter(pl.col("what") == "region")
-    steps = _steps(run)
-    n_steps = steps.group_by("rank").agg(pl.col("step").n_unique().alias("n_steps"))
-    traced_ranks = reg.select("rank").unique().with_columns(pl.lit(True).alias("traced"))
-    per = reg.filter(pl.col("step").is_not_null()).group_by("rank", "compile_id").agg(
-        pl.col("step").n_unique().alias("steps_with_calls"),
-        pl.col("calls").sum().alias("_calls"),
-        pl.col("total_ms").sum().alias("_ms"),
-    )
-    out = (gb.join(per, on=["rank", "compile_id"], how="left", nulls_equal=True)
-           .join(n_steps, on="rank", how="left", nulls_equal=True)
-           .join(traced_ranks, on="rank", how="left", nulls_equal=True))
-    out = out.with_columns(
-        pl.col("traced").fill_null(False),
-        # a log that names no frame (TORCH_LOGS of torch <= 2.3 without TORCH_TRACE): the user line stands in
-        pl.when(pl.col("filename").is_null() & pl.col("user_frame").is_not_null()).then(pl.col("user_frame"))
-        .otherwise(pl.format("{}:{}", pl.col("filename").fill_null("unknown file"), pl.col("line").fill_null(0))).alias("location"),
-    ).with_columns(
-        pl.when(pl.col("traced")).then(pl.col("steps_with_calls").fill_null(0)).alias("steps_with_calls"),
-        pl.when(pl.col("traced") & (pl.col("n_steps") > 0)).then(pl.col("_calls").fill_null(0) / pl.col("n_steps")).alias("calls_per_step"),
-        pl.when(pl.col("traced") & (pl.col("n_steps") > 0)).then(pl.col("_ms").fill_null(0) / pl.col("n_steps")).alias("ms_per_step"),
-    )
-    out = out.with_columns(
-        pl.when(pl.col("traced")).then(pl.format(
-            "its compiled region ran in {} of {} profiled steps, {} calls and {} ms per step",
-            pl.col("steps_with_calls"), pl.col("n_steps"), pl.col("calls_per_step").round(1), pl.col("ms_per_step").round(3)))
-        .otherwise(pl.lit("no profiler trace of this rank: how often it runs is unknown")).alias("cost_note"))
-    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank", "compile_id")
-
-
-# --- TQL403 -------------------------------------------------------------------------------------------------
+# --- FX graph cache keys compared across ranks, graph by graph ------------------------------------------------
 
 _TM = re.compile(r"TensorMetadata\(dtype=([^,]+), shape=torch\.Size\(\[([^\]]*)\]\).*?device=device\(([^)]*)\)")
 
@@ -534,7 +470,7 @@ def _load(s: str | None) -> dict | None:
         return None
 
 
-# --- TQL404 -------------------------------------------------------------------------------------------------
+# --- collectives inside compiled graphs and their waits ------------------------------------------------------
 
 
 def graph_collectives(run: Run) -> pl.DataFrame:
@@ -543,7 +479,7 @@ def graph_collectives(run: Run) -> pl.DataFrame:
     overlap with anything. Uses the post-grad graph (what inductor runs) where logged, else the dynamo graph."""
     schema = {"rank": pl.Int32, "compile_id": pl.Utf8, "graph": pl.Utf8, "graph_no": pl.Int64, "op": pl.Utf8,
               "op_index": pl.Int64, "wait_index": pl.Int64, "ops_between": pl.Int64, "compute_between": pl.Int64,
-              "serialized": pl.Boolean, "function": pl.Utf8}
+              "function": pl.Utf8}
     ev = _ensure(run, "compile_evidence")
     g = ev.filter(pl.col("kind") == "graph_op")
     if g.height == 0:
@@ -583,44 +519,11 @@ def graph_collectives(run: Run) -> pl.DataFrame:
                          "op_index": o["op_index"], "wait_index": parsed[wait_i][0]["op_index"] if wait_i is not None else None,
                          "ops_between": len(between) if wait_i is not None else None,
                          "compute_between": len(compute) if wait_i is not None else None,
-                         "serialized": (len(compute) == 0) if wait_i is not None else None,
                          "function": fn.get((key[0], key[1]))})
     return pl.DataFrame(rows, schema=schema).sort("rank", "compile_id", "graph_no", "op_index")
 
 
-# --- TQL405 -------------------------------------------------------------------------------------------------
-
-
-def compile_time(run: Run) -> pl.DataFrame:
-    """Per rank: total compile time (dynamo + backward inductor compiles), the recorded steps' time, the compile
-    share of both, and how the rank's compile time compares with the median across ranks."""
-    schema = {"rank": pl.Int32, "compile_s": pl.Float64, "compiles": pl.UInt32, "steps_s": pl.Float64,
-              "n_steps": pl.UInt32, "share_pct": pl.Float64, "across_median_s": pl.Float64, "ratio": pl.Float64,
-              "skew_s": pl.Float64, "n_ranks": pl.UInt32, "steps_note": pl.Utf8}
-    ev = _ensure(run, "compile_evidence")
-    c = ev.filter((pl.col("kind") == "compile") & pl.col("dur").is_not_null() & pl.col("rank").is_not_null())
-    if c.height == 0:
-        return pl.DataFrame(schema=schema)
-    per = c.group_by("rank").agg((pl.col("dur").sum() / 1e9).alias("compile_s"), pl.col("compile_id").n_unique().alias("compiles"))
-    steps = _steps(run)
-    st = steps.group_by("rank").agg((pl.col("dur").sum() / 1e9).alias("steps_s"), pl.col("step").n_unique().alias("n_steps"))
-    out = per.join(st, on="rank", how="left").with_columns(
-        pl.when(pl.col("steps_s") > 0).then(100 * pl.col("compile_s") / (pl.col("compile_s") + pl.col("steps_s"))).alias("share_pct"),
-        pl.col("compile_s").median().alias("across_median_s"),
-        pl.len().alias("n_ranks"),
-    ).with_columns(
-        (pl.col("compile_s") / pl.col("across_median_s")).alias("ratio"),
-        (pl.col("compile_s") - pl.col("across_median_s")).alias("skew_s"),
-    ).with_columns(
-        pl.when(pl.col("share_pct").is_not_null()).then(pl.format(
-            "{}% of compile plus recorded step time ({} s over {} steps)", pl.col("share_pct").round(0).cast(pl.Int64),
-            pl.col("steps_s").round(2), pl.col("n_steps")))
-        .otherwise(pl.lit("no step times recorded (no profiler trace of this rank)")).alias("steps_note"),
-    )
-    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank")
-
-
-# --- shared: grouping ranks and summarising lists --------------------------------------------------------------
+# --- summarising lists and ranks ---------------------------------------------------------------------------
 
 
 def summarise(items, k: int = 3) -> str:
@@ -631,73 +534,8 @@ def summarise(items, k: int = 3) -> str:
     return ", ".join(items[:k]) + f" and {len(items) - k} more"
 
 
-def _odd_groups(values: dict[int, object]) -> tuple[list[int], object, list[tuple[list[int], object]]]:
-    """Ranks grouped by value: (majority ranks, majority value, [(odd ranks, their value), ...]). The majority is
-    the value most ranks have; a tie goes to the value of the lowest rank."""
-    by: dict[object, list[int]] = {}
-    for r in sorted(values):
-        by.setdefault(values[r], []).append(r)
-    order = sorted(by.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
-    (maj_v, maj_r), rest = order[0], order[1:]
-    return maj_r, maj_v, [(rs, v) for v, rs in rest]
-
-
 def _ranks_word(ranks) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + format_ranks(ranks)
-
-
-# --- TQL406 -------------------------------------------------------------------------------------------------
-
-
-def compile_failures(run: Run) -> pl.DataFrame:
-    """Frames whose compile failed (compilation_metrics.fail_type, or a WON'T CONVERT report in TORCH_LOGS): one row
-    per function, failure type and reason, with the ranks it happened on and their compile ids. The recompile limit
-    (TQL401) and frames dynamo skips on purpose are not failures."""
-    schema = {"ranks": pl.List(pl.Int32), "ranks_text": pl.Utf8, "n_ranks": pl.UInt32, "compile_ids": pl.Utf8,
-              "first_compile_id": pl.Utf8, "function": pl.Utf8, "location": pl.Utf8, "fail_type": pl.Utf8,
-              "reason": pl.Utf8, "backend": pl.Utf8, "category": pl.Utf8, "outcome": pl.Utf8, "user_frame": pl.Utf8,
-              "note": pl.Utf8}
-    ev = _ensure(run, "compile_evidence")
-    f = ev.filter(pl.col("kind") == "compile_failure")
-    if f.height == 0:
-        return pl.DataFrame(schema=schema)
-    # whether suppress_errors was on: torch >= 2.6 metrics say so; before, a WON'T CONVERT report in TORCH_LOGS does
-    said = (run.table("compile_events").filter((pl.col("kind") == "compile_failure")
-                                                & (_detail_field("suppress_errors") == "true"))
-            .select(pl.col("rank").alias("_srank"), "function").unique().with_columns(pl.lit(True).alias("_said")))
-    # a log that names no rank (single-process stderr) speaks for the rank its failure is on
-    pairs = (f.select("rank", "function").unique().join(said, on="function")
-             .filter(pl.col("_srank").is_null() | (pl.col("_srank") == pl.col("rank")))
-             .select("rank", "function", "_said").unique())
-    f = f.join(pairs, on=["rank", "function"], how="left", nulls_equal=True)
-    f = f.with_columns(
-        _detail_field("backend").alias("backend"), _detail_field("category").alias("category"),
-        pl.coalesce(pl.when(_detail_field("suppress_errors").is_not_null()).then(_detail_field("suppress_errors") == "true"),
-                    pl.col("_said")).alias("_sup"),
-        pl.format("{}:{}", pl.col("filename").fill_null("?"), pl.col("line").fill_null(0)).alias("location"),
-        pl.col("op").fill_null("unknown").alias("fail_type"))
-    all_ranks = ev["rank"].drop_nulls().unique().len()
-    rows = []
-    keys = ["function", "location", "fail_type", "reason"]
-    for g in f.partition_by(keys, maintain_order=True):
-        r0 = g.row(0, named=True)
-        ranks = sorted(g["rank"].drop_nulls().unique().to_list())
-        cids = sorted(g["compile_id"].drop_nulls().unique().to_list(), key=_cid_order)
-        sup = g["_sup"].drop_nulls().to_list()
-        outcome = ("suppress_errors=True: the frame runs in eager mode, without its compiled speed-up" if sup and all(sup)
-                   else "the error reached the program (it stopped, or caught it)" if sup and not any(sup)
-                   else "the frame was not compiled")
-        where = _ranks_word(ranks) + (f" of {all_ranks}" if 1 < len(ranks) < all_ranks else "")
-        backend = f" (backend {r0['backend']})" if r0["backend"] else ""
-        cid_text = f"compile {summarise(cids)}" if cids else "a compile"
-        note = (f"{cid_text} of {r0['function'] or '?'} ({r0['location']}) failed on {where}: {r0['fail_type']}"
-                f"{backend}: {r0['reason'] or 'no reason logged'}; {outcome}")
-        rows.append({"ranks": ranks, "ranks_text": format_ranks(ranks), "n_ranks": len(ranks), "compile_ids": ",".join(cids),
-                     "first_compile_id": cids[0] if cids else None, "function": r0["function"],
-                     "location": r0["location"], "fail_type": r0["fail_type"], "reason": r0["reason"],
-                     "backend": r0["backend"], "category": r0["category"], "outcome": outcome,
-                     "user_frame": r0["user_frame"], "note": note})
-    return pl.DataFrame(rows, schema=schema)
 
 
 def _natural(name: str):
@@ -709,188 +547,10 @@ def _cid_order(cid: str):
     return (cid.startswith("!"), nums, cid)
 
 
-# --- TQL403 (grouped), TQL407, TQL408, TQL409: ranks that compiled differently -------------------------------
-
-
-_DIV_SCHEMA = {"aspect": pl.Utf8, "ranks": pl.List(pl.Int32), "ranks_text": pl.Utf8, "majority_ranks": pl.Utf8,
-               "n_ranks": pl.UInt32, "compile_id": pl.Utf8, "compile_ids": pl.Utf8, "n_compile_ids": pl.UInt32,
-               "here": pl.Utf8, "majority": pl.Utf8, "note": pl.Utf8}
-
-
-def _trace_ranks(run: Run, ev: pl.DataFrame) -> pl.DataFrame:
-    """compile_evidence rows from TORCH_TRACE logs only: the one source that names every compile id of a rank."""
-    tt = {s.id for s in run.sources if s.kind == "torch_trace"}
-    return ev.filter(pl.col("source").is_in(list(tt)) & pl.col("rank").is_not_null() & pl.col("compile_id").is_not_null())
-
-
-def _per_cid_values(df: pl.DataFrame, value: str) -> dict[str, dict[int, str]]:
-    out: dict[str, dict[int, str]] = {}
-    for cid, rank, v in df.select("_cid", "rank", value).iter_rows():
-        out.setdefault(cid, {})[rank] = v
-    return out
-
-
-def compile_rank_divergence(run: Run) -> pl.DataFrame:
-    """What ranks compiled differently, beyond cache keys (TQL403), in one row per aspect and group of odd ranks:
-    - collective_schedule: the collectives inside a compiled graph, in graph order (post-grad graph where logged),
-      differ from the majority's for the same compile id (TQL407: ranks issuing collectives in different orders
-      deadlock or reduce the wrong tensors);
-    - cache_pattern: the FX graph cache hit/miss sequence differs (TQL408), grouped over compile ids;
-    - tensor_meta: the dynamo graph's inputs (shapes, dtypes) differ (TQL409), grouped over compile ids.
-    Only ranks whose TORCH_TRACE logs hold the fact for a compile id take part in comparing it. `ranks` is the odd
-    group, `majority_ranks` the ranks it is compared with; `note` is the sentence the rule's message prints."""
-    ev = _ensure(run, "compile_evidence")
-    if ev.height == 0:
-        return pl.DataFrame(schema=_DIV_SCHEMA)
-    ev = _trace_ranks(run, ev)
-    if ev.height == 0 or ev["rank"].n_unique() < 2:
-        return pl.DataFrame(schema=_DIV_SCHEMA)
-    # compared by compile id F/C: a restart attempt (F/C_1, after a graph break) is the same frame's compile
-    ev = ev.with_columns(pl.col("compile_id").alias("_cid"))
-    rows = _schedule_rows(ev) + _cache_pattern_rows(ev) + _tensor_meta_rows(ev)
-    return pl.DataFrame(rows, schema=_DIV_SCHEMA) if rows else pl.DataFrame(schema=_DIV_SCHEMA)
-
-
-def _schedule_rows(ev: pl.DataFrame) -> list[dict]:
-    g = ev.filter(pl.col("kind") == "graph_op")
-    if g.height == 0:
-        return []
-    g = g.with_columns(_detail_field("graph").alias("_graph"), _detail_field("graph_no", pl.Int64).alias("_gno"))
-    rank_of = {"post_grad": 0, "aot": 1, "dynamo": 2}
-    g = g.with_columns(pl.col("_graph").replace_strict(rank_of, default=3, return_dtype=pl.Int32).alias("_gr"))
-    g = g.filter(pl.col("_gr") == pl.col("_gr").min().over("rank", "_cid"))
-    # the last copy of each graph (inductor may log a graph more than once): the graph as run
-    g = g.filter(pl.col("_gno") == pl.col("_gno").max().over("rank", "_cid", "_graph"))
-    if not g.filter(pl.col("op").str.contains(_COLLECTIVE.pattern)).height:
-        return []
-    sched = (g.sort("op_index").group_by("rank", "_cid", maintain_order=True)
-             .agg(pl.col("op").filter(pl.col("op").str.contains(_COLLECTIVE.pattern)
-                                      & ~pl.col("op").str.contains(_WAIT.pattern)).alias("_ops")))
-    short = (pl.element().str.replace(r"^(?:torch\.ops\.)?_?c10d_functional\.", "").str.replace(r"\.default$", "")
-             .str.strip_chars_end("_"))
-    per_cid = _per_cid_values(sched.with_columns(pl.col("_ops").list.eval(short).list.join(" -> ").alias("_s")), "_s")
-    # a rank's whole schedule, its graphs in compile order: where every rank's agrees, the collectives still pair up
-    # at run time even if they sit in other graphs (a rank-specific graph break moves them into the resume frame)
-    whole: dict[int, list[str]] = {}
-    for cid in sorted(per_cid, key=_cid_order):
-        for rank, v in per_cid[cid].items():
-            whole.setdefault(rank, []).extend(x for x in (v or "").split(" -> ") if x)
-    if len({tuple(v) for v in whole.values()}) < 2:
-        return []
-    rows = []
-    for cid, vals in sorted(per_cid.items(), key=lambda kv: _cid_order(kv[0])):
-        if len(vals) < 2 or len(set(vals.values())) < 2:
-            continue
-        maj_r, maj_v, odd = _odd_groups(vals)
-        for rs, v in odd:
-            here, there = v or "no collectives", maj_v or "no collectives"
-            rows.append({"aspect": "collective_schedule", "ranks": rs, "ranks_text": format_ranks(rs), "majority_ranks": format_ranks(maj_r),
-                         "n_ranks": len(vals), "compile_id": cid, "compile_ids": cid, "n_compile_ids": 1,
-                         "here": here, "majority": there,
-                         "note": (f"compile {cid}: the compiled graph on {_ranks_word(rs)} issues {_clip(here)}, on "
-                                  f"{_ranks_word(maj_r)} {_clip(there)}: the ranks' collectives no longer pair up "
-                                  "in order, unless the others issue the difference in eager code")})
-    return rows
-
-
-def _clip(seq: str, k: int = 4) -> str:
-    parts = seq.split(" -> ")
-    return seq if len(parts) <= k + 1 else " -> ".join(parts[:k]) + f" -> ... ({len(parts)} collectives)"
-
-
-def _grouped(aspect: str, per_cid: list[tuple[str, list[int], list[int], str, str, int]], sentence) -> list[dict]:
-    """Odd groups found per compile id, merged over compile ids that share the same odd ranks and the same kind of
-    difference (`kind`): one row each, its compile ids summarised in the note and listed in full in compile_ids."""
-    merged: dict[tuple, list] = {}
-    for cid, rs, maj, here, there, n in per_cid:
-        merged.setdefault((tuple(rs), here, there), []).append((cid, maj, n))
-    rows = []
-    for (rs, here, there), items in merged.items():
-        cids = sorted({c for c, _, _ in items}, key=_cid_order)
-        maj = sorted({r for _, m, _ in items for r in m})
-        rows.append({"aspect": aspect, "ranks": list(rs), "ranks_text": format_ranks(rs), "majority_ranks": format_ranks(maj),
-                     "n_ranks": max(n for _, _, n in items), "compile_id": cids[0], "compile_ids": ",".join(cids),
-                     "n_compile_ids": len(cids), "here": here, "majority": there,
-                     "note": sentence(list(rs), maj, cids, here, there)})
-    return sorted(rows, key=lambda r: (_cid_order(r["compile_id"]), r["ranks"]))
-
-
-def _cids_text(cids) -> str:
-    return ("compile " if len(cids) == 1 else f"{len(cids)} compile ids (") + summarise(cids) + ("" if len(cids) == 1 else ")")
-
-
-def _cache_pattern_rows(ev: pl.DataFrame) -> list[dict]:
-    c = ev.filter(pl.col("kind").is_in(["cache_hit", "cache_miss", "cache_bypass"])
-                  & (_detail_field("cache") == "fx_graph").fill_null(False))
-    if c.height == 0:
-        return []
-    c = c.with_columns(pl.col("kind").str.replace("cache_", "").alias("_hm"))
-    pat = c.group_by("rank", "_cid", maintain_order=True).agg(pl.col("_hm"))
-    per_cid = []
-    for cid, vals in _per_cid_values(pat.with_columns(pl.col("_hm").list.join(",").alias("_p")), "_p").items():
-        if len(vals) < 2 or len(set(vals.values())) < 2:
-            continue
-        maj_r, maj_v, odd = _odd_groups(vals)
-        for rs, v in odd:
-            per_cid.append((cid, rs, maj_r, _pattern_word(v), _pattern_word(maj_v), len(vals)))
-
-    def sentence(rs, maj, cids, here, there):
-        return (f"{_ranks_word(rs)} {here} the FX graph cache where {_ranks_word(maj)} {there}, on {_cids_text(cids)}: "
-                f"{'a cache miss recompiles the graph from scratch, so that rank starts later and the others wait for it at the first collective' if 'miss' in here else 'those ranks compiled from scratch while this one reused cached graphs'}")
-    return _grouped("cache_pattern", per_cid, sentence)
-
-
-def _pattern_word(p: str) -> str:
-    kinds = set(p.split(","))
-    if kinds == {"hit"}:
-        return "hit"
-    if kinds == {"miss"}:
-        return "missed"
-    if kinds == {"bypass"}:
-        return "bypassed"
-    return f"had {p.replace(',', ', ')}"
-
-
-def _tensor_meta_rows(ev: pl.DataFrame) -> list[dict]:
-    t = ev.filter(pl.col("kind") == "graph_inputs")
-    if t.height == 0:
-        return []
-    sig = t.group_by("rank", "_cid", maintain_order=True).agg(pl.col("reason").first().alias("_sig"))
-    per_cid = []
-    for cid, vals in _per_cid_values(sig, "_sig").items():
-        if len(vals) < 2 or len(set(vals.values())) < 2:
-            continue
-        maj_r, maj_v, odd = _odd_groups(vals)
-        for rs, v in odd:
-            here, there = _input_diff(v or "", maj_v or "")
-            per_cid.append((cid, rs, maj_r, here, there, len(vals)))
-
-    def sentence(rs, maj, cids, here, there):
-        return (f"on {_cids_text(cids)} the compiled graph's inputs differ: {here} on {_ranks_word(rs)} vs {there} "
-                f"on {_ranks_word(maj)}: the ranks compiled different graphs for different shapes")
-    return _grouped("tensor_meta", per_cid, sentence)
-
-
-def _input_diff(a: str, b: str, k: int = 2) -> tuple[str, str]:
-    """The inputs that differ between two `name: f32[4, 16]; ...` signatures, at most k of them named."""
-    da = dict(x.split(": ", 1) if ": " in x else (x, "?") for x in a.split("; ") if x)
-    db = dict(x.split(": ", 1) if ": " in x else (x, "?") for x in b.split("; ") if x)
-    names = [n for n in dict.fromkeys([*da, *db]) if da.get(n) != db.get(n)]
-    more = f" (and {len(names) - k} more inputs)" if len(names) > k else ""
-    here = ", ".join(f"{n} {da.get(n, 'absent')}" for n in names[:k]) + more
-    there = ", ".join(f"{n} {db.get(n, 'absent')}" for n in names[:k]) + more
-    return here or "the same inputs in another order", there or "theirs"
-
-
 DERIVED = {
     "compile_evidence": compile_evidence,
-    "compile_frames": compile_frames,
     "compiled_regions": compiled_regions,
-    "graph_break_cost": graph_break_cost,
     "compile_cache_divergence": compile_cache_divergence,
     "graph_collectives": graph_collectives,
-    "compile_time": compile_time,
-    "compile_failures": compile_failures,
     "compile_divergence_groups": compile_divergence_groups,
-    "compile_rank_divergence": compile_rank_divergence,
 }

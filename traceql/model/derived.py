@@ -602,8 +602,9 @@ _table(
 _table(
     "compile_evidence",
     doc=(
-        "compile_events with rows from logs that name no compile id adopted into the compile id they belong to: every"
-        " compile fact per rank and compile id."
+        "compile_events from the best source per rank and kind of event (TORCH_TRACE, then TORCH_LOGS, then "
+        "TORCH_COMPILE_DEBUG), rows from logs that name no compile id adopted into the compile id they belong to, and "
+        "the detail fields rules read as columns: every compile fact per rank and compile id."
     ),
     builder="traceql.link.compile:compile_evidence",
     scope="rank",
@@ -628,33 +629,17 @@ _table(
         "op": (STR, "canonical collective op (all_reduce, ...)"),
         "op_index": (I64, "index of the op in its graph"),
         "detail": (STR, "JSON with whatever else the record held"),
-    },
-)
-_table(
-    "compile_frames",
-    doc=(
-        "One row per rank and compiled frame: compiles, recompiles, whether the recompile limit was hit, and the "
-        "guard that keeps failing."
-    ),
-    builder="traceql.link.compile:compile_frames",
-    scope="run",
-    reads=["compile_evidence"],
-    columns={
-        "rank": (I32, "global rank"),
-        "frame_id": (I64, "dynamo frame id"),
-        "function": (STR, "co_name of the compiled frame"),
-        "filename": (STR, "file of the compiled frame"),
-        "line": (I64, "line number in the log"),
-        "compiles": (U32, "compiles counted"),
-        "recompiles": (U32, "recompiles of the frame"),
-        "limit_hit": (BOOL, "the recompile limit was hit"),
-        "limit": (I64, "the limit (cache_size_limit / recompile_limit)"),
-        "top_guard": (STR, "the guard that failed most often"),
-        "top_guard_count": (U32, "how often it failed"),
-        "last_guard": (STR, "the last failed guard"),
-        "compile_s": (F64, "compile time (s)"),
-        "location": (STR, "file:line of the compiled frame"),
-        "limit_note": (STR, "the sentence about the limit the message prints"),
+        "phase": (STR, "a compile record's phase: forward or backward (detail.phase)"),
+        "recompile_limit": (I64, "the recompile limit a cache_limit event names (detail.limit)"),
+        "backend": (STR, "a failed compile's backend (detail.backend)"),
+        "category": (STR, "a failed compile's class of failure (detail.category)"),
+        "cache": (STR, "a cache event's cache: fx_graph, aot_autograd, ... (detail.cache)"),
+        "graph": (STR, "a graph op's graph: post_grad (what inductor runs), aot or dynamo (detail.graph)"),
+        "graph_no": (I64, "which copy of that graph the op is in, in log order (detail.graph_no)"),
+        "source_kind": (STR, "the kind of log the row comes from: torch_trace, torch_logs or compile_debug"),
+        "suppress_errors": (BOOL, "a failed compile: suppress_errors was on, the frame ran eager (true), or the error "
+                                  "reached the program (false); from the failure's record or a WON'T CONVERT report "
+                                  "of the same function on the rank; null where no log says"),
     },
 )
 _table(
@@ -671,30 +656,6 @@ _table(
         "what": (STR, "region (Torch-Compiled Region) or fx_graph (Call CompiledFxGraph)"),
         "calls": (U32, "times it ran in the step"),
         "total_ms": (F64, "their summed host time (ms)"),
-    },
-)
-_table(
-    "graph_break_cost",
-    doc=(
-        "One row per graph break (rank, compile id, reason, user frame), with how often the broken frame's compiled "
-        "regions ran per step and their time."
-    ),
-    builder="traceql.link.compile:graph_break_cost",
-    scope="run",
-    reads=["compile_events", "compile_evidence", "compiled_regions", "steps"],
-    columns={
-        "rank": (I32, "global rank"),
-        "compile_id": (STR, "torch.compile id frame/attempt"),
-        "function": (STR, "co_name of the compiled frame"),
-        "location": (STR, "file:line of the compiled frame"),
-        "reason": (STR, "the reason the log gives"),
-        "user_frame": (STR, "file:line of the user code"),
-        "n_steps": (U32, "steps recorded on the rank"),
-        "steps_with_calls": (U32, "steps in which the frame's regions ran"),
-        "calls_per_step": (F64, "region calls per step"),
-        "ms_per_step": (F64, "region time per step (ms)"),
-        "traced": (BOOL, "the rank's trace records compiled regions"),
-        "cost_note": (STR, "the cost sentence the message prints"),
     },
 )
 _table(
@@ -777,81 +738,8 @@ _table(
         "op_index": (I64, "index of the op in its graph"),
         "wait_index": (I64, "op index of the wait_tensor that consumes it"),
         "ops_between": (I64, "ops between the collective and its wait"),
-        "compute_between": (I64, "compute ops among them"),
-        "serialized": (BOOL, "no compute between the collective and its wait"),
+        "compute_between": (I64, "compute ops among them (views, copies and other collectives are not compute); null where no wait consumes it"),
         "function": (STR, "co_name of the compiled frame"),
-    },
-)
-_table(
-    "compile_time",
-    doc=(
-        "One row per rank: total compile time, the recorded steps' time, the compile share, and the rank against the "
-        "median of the ranks."
-    ),
-    builder="traceql.link.compile:compile_time",
-    scope="run",
-    reads=["compile_events", "compile_evidence", "steps"],
-    columns={
-        "rank": (I32, "global rank"),
-        "compile_s": (F64, "compile time (s)"),
-        "compiles": (U32, "compiles counted"),
-        "steps_s": (F64, "recorded steps' time (s)"),
-        "n_steps": (U32, "steps recorded"),
-        "share_pct": (F64, "compile_s over compile_s + steps_s (%)"),
-        "across_median_s": (F64, "median compile_s across ranks (s)"),
-        "ratio": (F64, "compile_s over across_median_s"),
-        "skew_s": (F64, "compile_s minus across_median_s (s)"),
-        "n_ranks": (U32, "ranks compared"),
-        "steps_note": (STR, "what the recorded steps are, in words"),
-    },
-)
-_table(
-    "compile_failures",
-    doc=(
-        "One row per failed compile (fail_type, or WON'T CONVERT), grouped over the ranks where the same frame failed"
-        " the same way."
-    ),
-    builder="traceql.link.compile:compile_failures",
-    scope="run",
-    reads=["compile_events", "compile_evidence"],
-    columns={
-        "ranks": (RANKS, "the ranks of the row"),
-        "ranks_text": (STR, "the ranks as people read them (0-2,5)"),
-        "n_ranks": (U32, "ranks compared"),
-        "compile_ids": (STR, "the compile ids concerned"),
-        "first_compile_id": (STR, "the first failed compile id"),
-        "function": (STR, "co_name of the compiled frame"),
-        "location": (STR, "file:line of the compiled frame"),
-        "fail_type": (STR, "the exception type"),
-        "reason": (STR, "the reason the log gives"),
-        "backend": (STR, "the compiler backend"),
-        "category": (STR, "class of failure"),
-        "outcome": (STR, "what happened after (fell back to eager, ...)"),
-        "user_frame": (STR, "file:line of the user code"),
-        "note": (STR, "the sentence the rule's message prints"),
-    },
-)
-_table(
-    "compile_rank_divergence",
-    doc=(
-        "One row per aspect (collective schedule, cache hit pattern, input metadata) and group of odd ranks: what "
-        "those ranks compiled differently."
-    ),
-    builder="traceql.link.compile:compile_rank_divergence",
-    scope="run",
-    reads=["compile_evidence"],
-    columns={
-        "aspect": (STR, "collective_schedule, cache_pattern or input_metadata"),
-        "ranks": (RANKS, "the ranks of the row"),
-        "ranks_text": (STR, "the ranks as people read them (0-2,5)"),
-        "majority_ranks": (STR, "ranks holding the majority value"),
-        "n_ranks": (U32, "ranks compared"),
-        "compile_id": (STR, "torch.compile id frame/attempt"),
-        "compile_ids": (STR, "the compile ids concerned"),
-        "n_compile_ids": (U32, "how many"),
-        "here": (STR, "the odd ranks' value"),
-        "majority": (STR, "the majority's value"),
-        "note": (STR, "the sentence the rule's message prints"),
     },
 )
 

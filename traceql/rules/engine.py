@@ -204,6 +204,72 @@ def _rank_slices(df: pl.DataFrame) -> dict[int, tuple[int, int]] | None:
     return out
 
 
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_GAP = re.compile(r"(?:\s+|--[^\n]*|/\*.*?\*/)*", re.DOTALL)
+
+
+def _close(sql: str, i: int) -> int | None:
+    """The index of the ")" that closes the "(" at i, stepping over strings, quoted names and comments."""
+    depth, n = 0, len(sql)
+    while i < n:
+        c = sql[i]
+        if c in "'\"":
+            j = sql.find(c, i + 1)
+            while j >= 0 and sql[j + 1:j + 2] == c:  # '' inside a string, "" inside a name
+                j = sql.find(c, j + 2)
+            if j < 0:
+                return None
+            i = j
+        elif sql.startswith("--", i) or sql.startswith("/*", i):
+            i = _GAP.match(sql, i).end() - 1
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return None
+
+
+def split_ctes(sql: str) -> tuple[list[tuple[str, str]], str] | None:
+    """`WITH a AS (...), b AS (...) SELECT ...` as its CTEs [(name, body)] and the final statement; None where the
+    statement has no leading WITH of that plain form (RECURSIVE, column lists: polars runs those whole)."""
+    i = _GAP.match(sql).end()
+    if sql[i:i + 4].lower() != "with" or not sql[i + 4:i + 5].isspace():
+        return None
+    i += 4
+    ctes = []
+    while True:
+        m = _IDENT.match(sql, _GAP.match(sql, i).end())
+        if not m:
+            return None
+        i = _GAP.match(sql, m.end()).end()
+        if sql[i:i + 2].lower() != "as" or not sql[i + 2:i + 3].isspace() and sql[i + 2:i + 3] != "(":
+            return None
+        i = _GAP.match(sql, i + 2).end()
+        j = _close(sql, i) if sql[i:i + 1] == "(" else None
+        if j is None:
+            return None
+        ctes.append((m.group(0), sql[i + 1:j]))
+        i = _GAP.match(sql, j + 1).end()
+        if sql[i:i + 1] != ",":
+            return ctes, sql[i:]
+        i += 1
+
+
+def execute_sql(ctx: pl.SQLContext, query: str) -> pl.DataFrame:
+    """The query's rows. Its CTEs run one by one, each result registered as a table for the next: polars plans a
+    statement whose CTEs read each other more than once as a tree, whose size doubles with each such level (20 CTEs
+    of that kind took seconds on 60 rows), where running them in turn costs their sum."""
+    parts = split_ctes(query)
+    if parts is None:
+        return ctx.execute(query, eager=False).collect()
+    for name, body in parts[0]:
+        ctx.register(name, ctx.execute(body, eager=False).collect())
+    return ctx.execute(parts[1], eager=False).collect()
+
+
 def _sql(run: Run, rule: Rule) -> pl.DataFrame:
     query = rule.sql
     known = set(run.tables) | set(link.derived_tables()) | set(rule.views or {})
@@ -214,8 +280,7 @@ def _sql(run: Run, rule: Rule) -> pl.DataFrame:
     names = viewsmod.named(query, sorted(known))
     frames = {n: table(run, n, rule.views) for n in names}
     if rule.cross_rank:
-        ctx = pl.SQLContext(frames=frames, eager=True)
-        return ctx.execute(query, eager=True)
+        return execute_sql(pl.SQLContext(frames=frames), query)
     ranks = sorted({r for df in frames.values() if "rank" in df.columns for r in df["rank"].drop_nulls().unique().to_list()})
     slices = {n: _rank_slices(df) for n, df in frames.items() if "rank" in df.columns}
     outs = []
@@ -231,8 +296,7 @@ def _sql(run: Run, rule: Rule) -> pl.DataFrame:
                 part[n] = df.slice(off, ln).lazy()
             else:
                 part[n] = df.lazy().filter(pl.col("rank") == r)
-        ctx = pl.SQLContext(frames=part)
-        res = ctx.execute(query, eager=False).collect()
+        res = execute_sql(pl.SQLContext(frames=part), query)
         if res.height:
             if "rank" not in res.columns:
                 res = res.with_columns(pl.lit(r, pl.Int32).alias("rank"))

@@ -142,7 +142,7 @@ def output(rule: Rule) -> pl.DataFrame:
 
     frames = {n: run.tables[n] for n in named(rule.sql, sorted(known))}
     try:
-        out = pl.SQLContext(frames=frames, eager=True).execute(rule.sql, eager=True)
+        out = engine.execute_sql(pl.SQLContext(frames=frames), rule.sql)  # CTEs one by one, as at run time
     except (pl.exceptions.PolarsError, ValueError, TypeError) as e:
         raise _err(rule, "sql", f"cannot run on the declared schemas: {_first(e)}") from None
     if not rule.cross_rank and "rank" not in out.columns:

@@ -16,6 +16,7 @@ A refused statement is never executed, so its error cannot carry any file's cont
 
 from __future__ import annotations
 
+import functools
 import re
 
 
@@ -43,6 +44,16 @@ _TABLE_FUNCTIONS_OK = {"unnest"}
 
 def tokens(sql: str) -> list[tuple[str, str]]:
     """(kind, text) pairs: kind is word (lower-cased), qid (the unquoted name, case kept), str, num or punct."""
+    return list(_tokens(sql))
+
+
+@functools.lru_cache(maxsize=512)
+def _tokens(sql: str) -> tuple[tuple[str, str], ...]:
+    # a rule's statement is checked at load, when its tables are named and again when it runs: tokenized once
+    return tuple(_tokenize(sql))
+
+
+def _tokenize(sql: str) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     i, n = 0, len(sql)
     while i < n:
