@@ -66,4 +66,3 @@ def rank_balance(run: Run) -> pl.DataFrame:
 
 
 DERIVED = {"step_balance": step_balance, "rank_balance": rank_balance}
-NEEDS = {"step_balance": ["steps", "collectives"], "rank_balance": ["steps", "collectives"]}

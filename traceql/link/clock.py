@@ -156,4 +156,3 @@ def _note(run: Run, text: str) -> None:
 
 
 DERIVED = {"clock_offsets": clock_offsets}
-NEEDS = {"clock_offsets": ["collectives"]}

@@ -472,4 +472,3 @@ DERIVED = {
     "collective_desync": collective_desync,
     "straggler_summary": straggler_summary,
 }
-NEEDS = {name: ["collectives"] for name in DERIVED}

@@ -288,10 +288,3 @@ DERIVED = {
     "fr_group_members": fr_group_members,
     "nccl_comm_collectives": nccl_comm_collectives,
 }
-NEEDS = {
-    "nccl_comm_info": ["nccl_comms"], "nccl_comm_env": ["nccl_comms"], "nccl_comm_ifs": ["nccl_comms"],
-    "nccl_pg_env": ["nccl_events"], "nccl_event_info": ["nccl_events"], "nccl_watchdog": ["nccl_events"],
-    "nccl_world": ["nccl_events", "nccl_comms", "collectives"], "nccl_desync_reports": ["nccl_events"],
-    "fr_entries": ["collectives"], "fr_group_members": ["collectives"],
-    "nccl_comm_collectives": ["nccl_comms", "collectives"],
-}
