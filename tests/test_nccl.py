@@ -396,3 +396,16 @@ def test_real_duplicate_gpu_failure_on_the_h200():
     assert len(dup) == 1 and dup[0].ranks == [0, 1] and dup[0].evidence["bus_id"] == "60"
     root = evaluate(run, rules["TQL512"]).findings
     assert root and "Duplicate GPU" in root[0].message
+
+
+@pytest.mark.skipif(not REAL.is_file(), reason="reference corpus absent")
+def test_pasted_multi_rank_excerpt_keeps_communicators_without_a_rank(tmp_path):
+    """Real issue lines pasted into one file: communicator lines that name no rank are still judged (TQL503/504 select
+    over the whole run, not per rank partition, which would drop them)."""
+    from traceql import pipeline
+
+    (tmp_path / "nccl.log").write_text(REAL.read_text())
+    res = pipeline.check(tmp_path, use_cache=False, select=["TQL503", "TQL504"])
+    rankless = {(f.rule, f.evidence.get("p2p_issue") or f.evidence.get("gdr_disabled")) for f in res.findings if not f.ranks}
+    assert ("TQL503", "P2P is disabled between connected GPUs") in rankless
+    assert ("TQL504", "NET/IB channels without /GDRDMA") in rankless
