@@ -3,7 +3,9 @@
 Only facts live here: what the logs and dumps state, parsed out of their JSON detail columns, and the few facts
 about the whole run that no single row holds (a communicator's node count, the job's world size, the earliest
 error, where each rank's watchdog fired). What makes a finding (which transport is wrong, which rank is odd, which
-timeout is a hang) is in the rules' YAML (rules/TQL5*.yaml, rules/TQL6*.yaml), mostly as SQL over these tables.
+timeout is a hang) is in the rules' YAML (rules/TQL5*.yaml, rules/TQL6*.yaml): the vocabulary over the view
+nccl_comm_settings, else SQL over these tables and the views under rules/views/ (nccl_detectors, nccl_world_size,
+fr_collective_entries, fr_majorities). Declared with their columns in model/derived.py.
 
 Tables (DERIVED):
 - nccl_comm_info: one row per nccl_comms row (comm_row numbers them): its columns without the JSON detail, parsed:
