@@ -25,7 +25,7 @@ RUNS = [
     "cpu-ddp-eager", "cpu-desync", "cpu-loader-bound", "cpu-grad-accum-without-no_sync", "h200x2-exposed-allreduce-nsys",
     "h200x2-desync", "h200-duplicate-gpu", "compile-5rank-graph-divergence", "compile-ddp-divergent",
     "compile-torch213-probe", "compile-3rank-cache-pattern", "nccl-fr-dead-rank", "nccl-log-misconfigured",
-    "nccl-log-timeout-desync", "nccl-log-copied", "h200-cold-start", "compile-graph-break",
+    "nccl-log-timeout-desync", "nccl-log-copied", "h200-cold-start", "compile-graph-break", "nccl-log-desync-report",
 ]
 
 

@@ -86,16 +86,24 @@ def test_rank_comes_from_the_file_name(tmp_path):
     assert s.rank == 7 and set(t["collectives"]["rank"]) == {7}
 
 
-@pytest.mark.parametrize("fixture,kind,rank,seq", [
-    ("nccl-fr-op-mismatch", "op_mismatch", 1, 4),
-    ("nccl-fr-size-mismatch", "size_mismatch", 2, 4),
-    ("nccl-fr-missing-rank", "missing_rank", 2, 5),
-    ("nccl-fr-dead-rank", "no_dump", 2, 4),
+@pytest.mark.parametrize("fixture,rule,kind,rank,seq", [
+    ("nccl-fr-op-mismatch", "TQL601", None, 1, 4),
+    ("nccl-fr-size-mismatch", "TQL602", None, 2, 4),
+    ("nccl-fr-missing-rank", "TQL603", "missing_rank", 2, 5),
+    ("nccl-fr-dead-rank", "TQL603", "no_dump", 2, 4),
 ])
-def test_fr_mismatches(fixture, kind, rank, seq):
-    run = ingest(FIXTURES / fixture, discover(FIXTURES / fixture), use_cache=False)
-    mm = link.ensure(run, "fr_mismatches")
-    assert mm.select("kind", "rank", "seq").rows() == [(kind, rank, seq)]
+def test_fr_mismatches(fixture, rule, kind, rank, seq):
+    from traceql import pipeline
+
+    found = [f for f in pipeline.check(FIXTURES / fixture, use_cache=False).findings if f.rule.startswith("TQL6")]
+    assert [(f.rule, f.evidence.get("kind"), f.ranks, f.evidence["seq"]) for f in found] == [(rule, kind, [rank], seq)]
+
+
+def test_fr_group_members_from_the_dumps():
+    run = ingest(FIXTURES / "nccl-fr-dead-rank", discover(FIXTURES / "nccl-fr-dead-rank"), use_cache=False)
+    members = link.ensure(run, "fr_group_members")
+    dumped = set(link.ensure(run, "fr_entries")["rank"])
+    assert 2 in set(members["rank"]) and 2 not in dumped
 
 
 def test_tql6_rules_fire_and_stay_quiet_on_their_fixtures():

@@ -91,10 +91,13 @@ def test_version_line_alone_gives_complete_comm_checks(tmp_path):
     (tmp_path / "rank0.log").write_text(ONE_LINE["version"] + "\n")
     res, errors = _check(tmp_path)
     assert not errors
-    cc = link.ensure(res.run, "nccl_comm_checks")
-    for col in ("socket_where_ib_or_nodes", "virtual_if_multinode", "p2p_issue", "gdr_disabled", "channels_odd", "forced"):
+    cc = link.ensure(res.run, "nccl_comm_info")
+    for col in ("process_only", "nodes", "n_ib_devices", "bootstrap_if", "plugin", "gdr_off_why", "p2p_disabled_pairs",
+                "timing_bootstrap_s"):
         assert col in cc.columns, col
-    assert cc.height == 0
+    assert cc["process_only"].all()
+    assert {r.rule.id: r.status for r in res.results if r.rule.id in ("TQL501", "TQL506")} == {"TQL501": "ran",
+                                                                                              "TQL506": "ran"}
 
 
 # --- world size, severity and the one-line forms people paste --------------------------------------------------

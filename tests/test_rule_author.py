@@ -62,8 +62,8 @@ def test_explain_shows_where_the_logic_is():
 
 def test_explain_shows_a_fact_function(tmp_path):
     src = next(x for x in load_rules() if x.id == "TQL512").path.read_text()
-    (tmp_path / "TQL512-x.yaml").write_text(src.replace("\nselect:", "\nfact: traceql.link.nccl:nccl_errors\nselect:", 1))
+    (tmp_path / "TQL512-x.yaml").write_text(src.replace("\nselect:", "\nfact: traceql.link.nccl:nccl_event_info\nselect:", 1))
     r = CliRunner().invoke(main, ["rules", "explain", "TQL512", "--rules", str(tmp_path)])
     assert r.exit_code == 0, r.output
-    m = re.search(r"fact \(Python\): traceql\.link\.nccl:nccl_errors \((\S+):(\d+)\)", r.output)
-    assert m and (REPO / m.group(1)).read_text().splitlines()[int(m.group(2)) - 1].startswith("def nccl_errors(")
+    m = re.search(r"fact \(Python\): traceql\.link\.nccl:nccl_event_info \((\S+):(\d+)\)", r.output)
+    assert m and (REPO / m.group(1)).read_text().splitlines()[int(m.group(2)) - 1].startswith("def nccl_event_info(")

@@ -744,199 +744,240 @@ _table(
 )
 
 # nccl and flight recorder ----------------------------------------------------------------------------------------
+# Facts only (what the logs and dumps state, and what no single row holds); each rule's logic is in its YAML.
+_COMM = {
+    "rank": (I32, "global rank"),
+    "source": (I32, "source id (run.sources) the row comes from"),
+    "comm_id": (STR, "NCCL communicator id"),
+    "comm_rank": (I32, "rank within the communicator"),
+    "nranks": (I32, "ranks in the communicator"),
+    "nnodes": (I32, "nodes in the communicator, where NCCL prints nNodes"),
+    "host": (STR, "host name"),
+    "pid": (I64, "host process"),
+    "cuda_dev": (I32, "CUDA device of the communicator"),
+    "bus_id": (STR, "PCI bus id of the GPU"),
+    "version": (STR, "NCCL version"),
+    "network": (STR, "NCCL network (IB, Socket)"),
+    "transports": (STR, 'JSON list of transports, e.g. ["P2P/CUMEM", "SHM"]'),
+    "channels": (I32, "NCCL coll channels"),
+    "trees": (STR, "tree topology text"),
+    "rings": (STR, "ring topology text"),
+    "env": (STR, "JSON object of the NCCL_* echoes"),
+    "init_ms": (F64, "communicator init time (ms)"),
+}
+_EVENT = {
+    "rank": (I32, "global rank"),
+    "source": (I32, "source id (run.sources) the row comes from"),
+    "kind": (STR, "as nccl_events.kind (error, ib_error, watchdog_timeout, dump_signal, pg_env, ...)"),
+    "ts": (I64, "wall-clock ns where the log carries a time, else null"),
+    "line": (I64, "line number in the log"),
+    "level": (STR, "log level (I, W, E, INFO, WARN)"),
+    "comm_id": (STR, "NCCL communicator id"),
+    "pg_name": (STR, "process group name"),
+    "seq": (I64, "sequence number within the group"),
+    "op": (STR, "collective op as the log names it"),
+    "numel_in": (I64, "input elements"),
+    "numel_out": (I64, "output elements"),
+    "timeout_ms": (I64, "the collective timeout (ms)"),
+    "ran_ms": (I64, "how long the op ran before the timeout (ms)"),
+    "text": (STR, "the log line's text"),
+    "detail": (STR, "JSON with the rest of the record"),
+}
 _table(
-    "nccl_comm_checks",
+    "nccl_comm_info",
     doc=(
-        "nccl_comms with the cross-rank and configuration facts the NCCL rules check: hosts, channels majority, "
-        "duplicate GPUs, transports, forced settings."
+        "One row per nccl_comms row (a communicator on a rank, or a process's NCCL version line), numbered by comm_row, "
+        "with its JSON detail parsed and the communicator's node count across ranks."
     ),
-    builder="traceql.link.nccl:nccl_comm_checks",
+    builder="traceql.link.nccl:nccl_comm_info",
     scope="run",
     reads=["nccl_comms"],
     columns={
-        "rank": (I32, "global rank"),
-        "source": (I32, "source id (run.sources) the row comes from"),
-        "comm_id": (STR, "NCCL communicator id"),
-        "comm_rank": (I32, "rank within the communicator"),
-        "nranks": (I32, "ranks in the communicator"),
-        "nnodes": (I32, "nodes in the communicator"),
-        "host": (STR, "host name"),
-        "pid": (I64, "host process"),
-        "cuda_dev": (I32, "CUDA device of the communicator"),
-        "bus_id": (STR, "PCI bus id of the GPU"),
-        "version": (STR, "NCCL version"),
-        "network": (STR, "NCCL network (IB, Socket)"),
-        "transports": (STR, "JSON list of transports"),
-        "channels": (I32, "NCCL channels"),
-        "trees": (STR, "tree topology text"),
-        "rings": (STR, "ring topology text"),
-        "env": (STR, "JSON of NCCL_* echoes"),
-        "init_ms": (F64, "communicator init time (ms)"),
-        "n_hosts": (U32, "hosts of the communicator"),
-        "channels_majority": (I32, "most common channel count across ranks"),
-        "n_channel_values": (U32, "distinct channel counts across ranks"),
-        "dup_ranks": (RANKS, "ranks sharing this rank's GPU"),
-        "nodes": (I64, "nodes the run spans"),
-        "ib_present": (BOOL, "the logs show an IB device"),
-        "uses_socket": (BOOL, "the network transport is sockets"),
-        "virtual_socket_ifs": (STR, "virtual interfaces (docker0, lo, veth) NCCL uses"),
-        "bootstrap_if": (STR, "bootstrap interface"),
-        "plugin": (STR, "net plugin"),
-        "env_p2p_disable": (STR, "NCCL_P2P_DISABLE as echoed"),
-        "env_shm_disable": (STR, "NCCL_SHM_DISABLE as echoed"),
-        "nccl_algo": (STR, "NCCL_ALGO as echoed"),
-        "nccl_proto": (STR, "NCCL_PROTO as echoed"),
-        "gdr_level": (STR, "GPU Direct RDMA level"),
-        "gdr_off_why": (STR, "why GDR is off, where the log says"),
-        "p2p_disabled_pairs": (U32, "GPU pairs without P2P"),
-        "socket_where_ib_or_nodes": (BOOL, "sockets used although IB exists or the run spans nodes"),
-        "virtual_if": (STR, "the virtual interface used"),
-        "p2p_issue": (STR, "what disables P2P, in words"),
-        "gdr_disabled": (STR, "why GDR is disabled, in words"),
-        "channels_odd": (BOOL, "channels differ from the majority"),
-        "forced": (STR, "forced algorithm/protocol settings, in words"),
-        "virtual_if_multinode": (BOOL, "a virtual interface in a multi-node run"),
+        "comm_row": (I64, "the row's number; nccl_comm_env and nccl_comm_ifs rows name it"),
+        **_COMM,
+        "process_only": (BOOL, "a process's NCCL version line, no communicator"),
+        "n_hosts": (U32, "distinct hosts seen for the communicator id"),
+        "nodes": (I64, "nodes the communicator spans: nnodes or n_hosts, whichever is larger (1 where unknown)"),
+        "n_ib_devices": (U32, "InfiniBand/RoCE devices NCCL lists (NET/IB)"),
+        "bootstrap_if": (STR, "the bootstrap interface NCCL names"),
+        "plugin": (STR, "the net plugin (internal, or the plugin's name)"),
+        "gdr_off_why": (STR, "NCCL's reason on the first NIC without GPUDirect RDMA ('disabled' where none)"),
+        "p2p_disabled_pairs": (U32, "GPU pairs NCCL reports P2P disabled between"),
+        **{f"timing_{p}_s": (F64, f"Init timings (NCCL >= 2.22): {p} (s)") for p in
+           ("kernels", "alloc", "bootstrap", "allgathers", "topo", "graphs", "connections", "rest")},
     },
 )
 _table(
-    "nccl_config_diff",
-    doc="One row per NCCL setting and rank whose value differs from the majority of the ranks.",
-    builder="traceql.link.nccl:nccl_config_diff",
+    "nccl_comm_env",
+    doc="One row per NCCL_* variable a communicator's lines echo (nccl_comms.env), by comm_row.",
+    builder="traceql.link.nccl:nccl_comm_env",
     scope="run",
-    reads=["nccl_comms"],
+    reads=["nccl_comm_info"],
     columns={
-        "setting": (STR, "the setting compared"),
-        "rank": (I32, "global rank"),
-        "value": (STR, "this rank's value"),
-        "majority": (STR, "the majority's value"),
-        "majority_ranks": (STR, "ranks holding the majority value"),
-        "odd_ranks": (STR, "ranks with an odd value"),
-        "n_ranks": (U32, "ranks compared"),
-    },
-)
-_table(
-    "nccl_duplicate_gpu",
-    doc=(
-        "One row per GPU (host, bus id) that several ranks use, from NCCL's own warning or from the communicators' "
-        "init lines."
-    ),
-    builder="traceql.link.nccl:nccl_duplicate_gpu",
-    scope="run",
-    reads=["nccl_comm_checks", "nccl_events"],
-    columns={
-        "rank": (RANKS, "the ranks sharing the GPU"),
-        "host": (STR, "host name"),
-        "bus_id": (STR, "PCI bus id of the GPU"),
-        "origin": (STR, "NCCL WARN or comm init lines"),
-    },
-)
-_table(
-    "nccl_init",
-    doc="One row per rank and communicator: its init time and the phase that dominated it.",
-    builder="traceql.link.nccl:nccl_init",
-    scope="rank",
-    reads=["nccl_comms"],
-    columns={
+        "comm_row": (I64, "nccl_comm_info.comm_row"),
         "rank": (I32, "global rank"),
         "comm_id": (STR, "NCCL communicator id"),
-        "host": (STR, "host name"),
-        "nranks": (I32, "ranks in the communicator"),
-        "version": (STR, "NCCL version"),
-        "init_ms": (F64, "communicator init time (ms)"),
-        "dominant": (STR, "the init phase that took longest"),
-        "dominant_ms": (F64, "its time (ms)"),
+        "var": (STR, "the variable (NCCL_ALGO, NCCL_P2P_DISABLE, ...)"),
+        "value": (STR, "its value as echoed"),
     },
 )
 _table(
-    "nccl_error_handling",
+    "nccl_comm_ifs",
+    doc="One row per network interface a communicator's lines name: its sockets' interfaces in order, and bootstrap's.",
+    builder="traceql.link.nccl:nccl_comm_ifs",
+    scope="run",
+    reads=["nccl_comms"],
+    columns={
+        "comm_row": (I64, "nccl_comm_info.comm_row"),
+        "rank": (I32, "global rank"),
+        "comm_id": (STR, "NCCL communicator id"),
+        "role": (STR, "socket (NET/Socket's interfaces) or bootstrap"),
+        "pos": (I64, "order within the role, as NCCL lists them"),
+        "interface": (STR, "interface name (eth0, ib0, docker0, lo, ...)"),
+    },
+)
+_table(
+    "nccl_pg_env",
     doc=(
-        "One row per rank and error-handling setting (TORCH_NCCL_ASYNC_ERROR_HANDLING, timeouts) as the logs echo "
-        "them."
+        "One row per setting of a ProcessGroupNCCL 'environments' or 'initialization options' line: "
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING, TIMEOUT(ms), size, PG Name, ..."
     ),
-    builder="traceql.link.nccl:nccl_error_handling",
+    builder="traceql.link.nccl:nccl_pg_env",
     scope="rank",
     reads=["nccl_events"],
     columns={
         "rank": (I32, "global rank"),
-        "setting": (STR, "the setting compared"),
-        "value": (STR, "the setting's value"),
-        "async_error_handling": (I64, "TORCH_NCCL_ASYNC_ERROR_HANDLING value"),
-        "timeout_ms": (I64, "the watchdog timeout (ms)"),
-    },
-)
-_table(
-    "nccl_errors",
-    doc=(
-        "nccl_events that are errors, with the trail of lines that led to them, the return code, and which one is the"
-        " root cause."
-    ),
-    builder="traceql.link.nccl:nccl_errors",
-    scope="run",
-    reads=["nccl_events"],
-    columns={
-        "rank": (I32, "global rank"),
         "source": (I32, "source id (run.sources) the row comes from"),
-        "kind": (STR, "as nccl_events.kind"),
-        "ts": (I64, "wall-clock ns where the log has a time"),
         "line": (I64, "line number in the log"),
-        "level": (STR, "INFO, WARN, ..."),
-        "comm_id": (STR, "NCCL communicator id"),
+        "ts": (I64, "wall-clock ns where the log carries a time, else null"),
+        "what": (STR, "ProcessGroupNCCL environments or ProcessGroupNCCL initialization options"),
         "pg_name": (STR, "process group name"),
-        "seq": (I64, "sequence number within the group"),
-        "op": (STR, "canonical collective op (all_reduce, ...)"),
-        "numel_in": (I64, "input elements"),
-        "numel_out": (I64, "output elements"),
-        "timeout_ms": (I64, "the watchdog timeout (ms)"),
-        "ran_ms": (I64, "how long the op ran before the timeout (ms)"),
-        "text": (STR, "the log line's text"),
-        "detail": (STR, "JSON with the rest of the record"),
-        "detector": (BOOL, "the rank's watchdog detected a failure (it reports, it did not cause)"),
-        "trail": (STR, "the lines that led to the error"),
-        "retcode": (I64, "NCCL return code"),
-        "root_cause": (BOOL, "the error most likely at the root"),
+        "var": (STR, "the setting's name as printed"),
+        "value": (STR, "its value as printed"),
     },
 )
 _table(
-    "nccl_timeouts",
+    "nccl_event_info",
     doc=(
-        "One row per watchdog timeout or hang: the op and seq the reporting ranks were stuck on, the majority's, and "
-        "the rank that most likely caused it."
+        "nccl_events with their detail parsed, which ranks only detected a timeout (they signalled the dump), and the "
+        "root-cause candidate: the earliest timestamped error (error, ib_error, net_error, duplicate_gpu, "
+        "collective_mismatch) of a rank that did not merely detect, else the only rank's first error."
     ),
-    builder="traceql.link.nccl:nccl_timeouts",
+    builder="traceql.link.nccl:nccl_event_info",
     scope="run",
-    reads=["collectives", "nccl_comms", "nccl_errors", "nccl_events"],
+    reads=["nccl_events"],
     columns={
-        "kind": (STR, "timeout, hang, ..."),
-        "pg_name": (STR, "process group name"),
-        "rank": (RANKS, "the reporting ranks"),
-        "seq": (I64, "sequence number within the group"),
-        "op": (STR, "canonical collective op (all_reduce, ...)"),
-        "majority_seq": (I64, "seq most ranks were on"),
-        "majority_op": (STR, "op most ranks were on"),
-        "majority_ranks": (STR, "ranks holding the majority value"),
-        "n_reporting": (I64, "ranks that reported"),
-        "n_expected": (I64, "ranks expected"),
-        "detectors": (STR, "ranks whose watchdog fired"),
-        "root_rank": (I32, "the rank that most likely caused it"),
-        "detail": (STR, "JSON with the rest of the record"),
+        **_EVENT,
+        "trail": (STR, "NCCL's return-code trail of the error"),
+        "retcode": (I64, "NCCL return code"),
+        "role": (STR, "of a dump signal: detector (the rank detected the timeout) or the other side"),
+        "stuck_s": (STR, "of a heartbeat timeout: seconds the watchdog was stuck"),
+        "ranks": (RANKS, "the ranks the event names (a duplicate GPU's ranks)"),
+        "host": (STR, "the host the event names"),
+        "bus_id": (STR, "the GPU bus id the event names"),
+        "detector": (BOOL, "the rank signalled the dump after detecting a timeout: it reports, it did not cause"),
+        "root_cause": (BOOL, "the run's root-cause candidate error"),
     },
 )
 _table(
-    "fr_mismatches",
-    doc="One row per Flight Recorder entry where a rank's op or size differs from the majority's at the same seq.",
-    builder="traceql.link.nccl:fr_mismatches",
+    "nccl_watchdog",
+    doc=(
+        "One row per process group (unnamed: '0') and rank: the rank's first watchdog timeout, with the collective "
+        "most reporting ranks of the group time out in (ties: the lower seq)."
+    ),
+    builder="traceql.link.nccl:nccl_watchdog",
     scope="run",
+    reads=["nccl_events"],
+    columns={
+        "pg_name": (STR, "process group name ('0' where the line names none)"),
+        "rank": (I32, "global rank"),
+        "source": (I32, "source id (run.sources) the row comes from"),
+        "ts": (I64, "wall-clock ns where the log carries a time, else null"),
+        "line": (I64, "line number in the log"),
+        "seq": (I64, "SeqNum of the collective the rank timed out in"),
+        "op": (STR, "its OpType"),
+        "timeout_ms": (I64, "the collective timeout (ms)"),
+        "ran_ms": (I64, "how long it ran before timing out (ms)"),
+        "majority_seq": (I64, "SeqNum most reporting ranks of the group time out in"),
+        "majority_op": (STR, "its OpType"),
+        "majority_ranks": (STR, "the ranks timing out in it, comma-separated"),
+        "n_variants": (I64, "distinct (seq, op) the group's ranks time out in"),
+        "n_reporting": (I64, "ranks of the group reporting a watchdog timeout"),
+    },
+)
+_table(
+    "nccl_world",
+    doc=(
+        "The job's ranks as the run states its world size (ProcessGroupNCCL 'size' of the default group, NCCL's "
+        "nranks, a traced collective's group size: the largest), one row per rank; none where nothing states it."
+    ),
+    builder="traceql.link.nccl:nccl_world",
+    scope="run",
+    reads=["collectives", "nccl_comms", "nccl_events"],
+    columns={
+        "world_rank": (I32, "a rank of the job"),
+        "world_size": (I64, "the job's world size"),
+        "origin": (STR, "where it is stated"),
+    },
+)
+_table(
+    "nccl_desync_reports",
+    doc="What PyTorch's desync report (TORCH_NCCL_DESYNC_DEBUG) says of which ranks, one row per claim.",
+    builder="traceql.link.nccl:nccl_desync_reports",
+    scope="run",
+    reads=["nccl_events"],
+    columns={
+        "what": (STR, "never joined any collective, joined but did not finish, finished but did not join the next"),
+        "rank": (RANKS, "the ranks the report names"),
+        "seq": (I64, "the collective's number"),
+        "pg_name": (STR, "process group name (the default group, '0')"),
+        "text": (STR, "the report line"),
+        "detail": (STR, "the claim in words: what, and collective #seq"),
+    },
+)
+_table(
+    "fr_entries",
+    doc="Flight Recorder entries: collectives rows from dumps, one per entry (a dump read as pickle and JSON counts once).",
+    builder="traceql.link.nccl:fr_entries",
+    scope="rank",
     reads=["collectives"],
     columns={
-        "kind": (STR, "what differs: op, size, ..."),
+        "rank": (I32, "global rank"),
+        "source": (I32, "source id (run.sources) the row comes from"),
+        "id": (I64, "the entry's id in collectives"),
+        "op": (STR, "canonical collective op (all_reduce, ...)"),
+        "backend": (STR, "nccl, gloo, ..."),
         "pg_name": (STR, "process group name"),
         "pg_desc": (STR, "process group description"),
+        "pg_ranks": (STR, "JSON list of the group's global ranks"),
+        "group_size": (I32, "ranks in the process group"),
         "seq": (I64, "sequence number within the group"),
-        "rank": (I32, "global rank"),
-        "value": (STR, "this rank's value"),
-        "majority": (STR, "the majority's value"),
-        "majority_ranks": (STR, "ranks holding the majority value"),
-        "n_ranks": (I64, "ranks compared"),
+        "in_nelems": (I64, "input elements"),
+        "out_nelems": (I64, "output elements"),
+        "dtype": (STR, "element type"),
+        "bytes": (I64, "message size in bytes"),
+        "ts": (I64, "start (ns)"),
+        "end": (I64, "end (ns)"),
+        "dur": (I64, "duration (ns)"),
+        "host_op_id": (I64, "the host op that issued it"),
+        "kernel_ts": (I64, "its kernel's start (ns)"),
+        "kernel_end": (I64, "its kernel's end (ns)"),
+        "step": (I64, "training step"),
+        "state": (STR, "the entry's state (scheduled, started, completed)"),
+    },
+)
+_table(
+    "fr_group_members",
+    doc=(
+        "The ranks each Flight Recorder group holds as the dumps state them: the group's pg_ranks, else (the default "
+        "group) the ranks below its size."
+    ),
+    builder="traceql.link.nccl:fr_group_members",
+    scope="run",
+    reads=["fr_entries"],
+    columns={
+        "pg_name": (STR, "process group name"),
+        "rank": (I32, "a rank of the group"),
     },
 )
 _table(
