@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from traceql.cli import main
-from traceql.cli._common import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, _fail, _say
+from traceql.cli._common import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, _check_out, _fail, _say, _write_out
 
 
 def _csv(values: tuple[str, ...]) -> list[str]:
@@ -41,6 +41,7 @@ def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_p
     from traceql.rules.config import ConfigError, load_config
     from traceql.rules.loader import RuleError
 
+    _check_out(out)
     try:
         config = load_config(_config_path(run_dir, config_path, trust_run_config))
         suppress = _baseline(baseline) if baseline else None
@@ -60,7 +61,7 @@ def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_p
         return
     text = _render(result, fmt, color=out is None and sys.stdout.isatty(), verbose=verbose)
     if out:
-        out.write_text(text, encoding="utf-8")
+        _write_out(out, text)
     else:
         click.echo(text, nl=not text.endswith("\n"))
     sys.exit(_verdict(result, run_dir, fail_on or config.fail_on))
