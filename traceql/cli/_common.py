@@ -24,6 +24,39 @@ def _fail(msg: str, code: int = EXIT_USAGE) -> None:
 
 
 
+def _width(given: int | None, to_file: bool = False) -> int:
+    """Text width: --width, else $COLUMNS, else the terminal's (stdout on a tty, not --out), else 120 (logs, files)."""
+    import os
+    import shutil
+
+    if given:
+        return max(given, 40)
+    if os.environ.get("COLUMNS", "").strip().isdigit():
+        return max(int(os.environ["COLUMNS"]), 40)
+    if not to_file and sys.stdout.isatty():
+        return max(shutil.get_terminal_size((120, 24)).columns, 40)
+    return 120
+
+
+def _color(mode: str, to_file: bool = False) -> bool:
+    """--color always|never, or auto: a terminal (stdout on a tty, not --out) and NO_COLOR unset or empty."""
+    import os
+
+    if mode == "always":
+        return True
+    if mode == "never":
+        return False
+    return not to_file and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def text_options(f):
+    """--width and --color, shared by every command that prints a text report."""
+    f = click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
+                     help="Colour the text report: auto = on a terminal unless NO_COLOR is set.")(f)
+    return click.option("--width", type=click.IntRange(min=1), default=None,
+                        help="Wrap text at N columns [default: the terminal's, $COLUMNS, or 120 when not a terminal].")(f)
+
+
 def _check_out(out) -> None:
     """Fail at once (exit 2, one line) where --out cannot be written: before minutes of ingest, not after."""
     import os

@@ -8,7 +8,19 @@ from pathlib import Path
 import click
 
 from traceql.cli import main
-from traceql.cli._common import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, _check_out, _fail, _say, _write_out
+from traceql.cli._common import (
+    EXIT_FINDINGS,
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_USAGE,
+    _check_out,
+    _color,
+    _fail,
+    _say,
+    _width,
+    _write_out,
+    text_options,
+)
 
 
 def _csv(values: tuple[str, ...]) -> list[str]:
@@ -31,7 +43,8 @@ def _csv(values: tuple[str, ...]) -> list[str]:
 @click.option("--jobs", "-j", type=int, default=None, help="Parallel ingest processes [default: cores].")
 @click.option("--verbose", "-v", is_flag=True, help="List every source and every rule that did not run.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
-def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_path, trust_run_config, baseline, no_cache, jobs, verbose, quiet):
+@text_options
+def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_path, trust_run_config, baseline, no_cache, jobs, verbose, quiet, width, color):
     """Analyse RUN_DIR (a run directory or a single file) and report findings.
 
     Exit status: 0 no finding at or above --fail-on, 1 at least one, 2 bad usage or configuration, or nothing could
@@ -59,11 +72,12 @@ def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_p
     except Exception as e:  # an internal error must not pass as a clean (or a usage) exit
         _internal(e)
         return
-    text = _render(result, fmt, color=out is None and sys.stdout.isatty(), verbose=verbose)
+    colored = _color(color, to_file=out is not None)
+    text = _render(result, fmt, color=colored, verbose=verbose, width=_width(width, to_file=out is not None))
     if out:
         _write_out(out, text)
-    else:
-        click.echo(text, nl=not text.endswith("\n"))
+    else:  # click strips colour codes off a terminal unless told: --color always means always
+        click.echo(text, nl=not text.endswith("\n"), color=colored)
     sys.exit(_verdict(result, run_dir, fail_on or config.fail_on))
 
 
@@ -135,7 +149,7 @@ def _baseline(path: Path) -> set[str]:
         return set()
 
 
-def _render(result, fmt: str, color: bool, verbose: bool) -> str:
+def _render(result, fmt: str, color: bool, verbose: bool, width: int = 120) -> str:
     if fmt == "json":
         from traceql.report import json as r
         return r.render(result)
@@ -146,7 +160,7 @@ def _render(result, fmt: str, color: bool, verbose: bool) -> str:
         from traceql.report import html as r
         return r.render(result)
     from traceql.report import text as r
-    return r.render(result, color=color, verbose=verbose)
+    return r.render(result, color=color, verbose=verbose, width=width)
 
 
 @main.command()
@@ -154,7 +168,8 @@ def _render(result, fmt: str, color: bool, verbose: bool) -> str:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--no-cache", is_flag=True)
 @click.option("--quiet", "-q", is_flag=True)
-def summary(run_dir, fmt, no_cache, quiet):
+@text_options
+def summary(run_dir, fmt, no_cache, quiet, width, color):
     """Per-rank step time, compute, communication, overlap and idle time."""
     import orjson
 
@@ -189,4 +204,5 @@ def summary(run_dir, fmt, no_cache, quiet):
     t = Table("rank", *heads)
     for rank, row in data["ranks"].items():
         t.add_row(rank, *["-" if row[c] is None else str(row[c]) for c in cols])
-    Console(width=160).print(t)
+    # the table wraps its headers and cells to the width; colour as for check
+    Console(width=_width(width), force_terminal=_color(color), no_color=not _color(color), highlight=False).print(t)
