@@ -189,3 +189,41 @@ def test_help_and_version_do_not_import_polars():
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("name", ["rank0.pt.trace.json.gz", "plain"])
+def test_a_worker_reports_bytes_read(name, tmp_path, monkeypatch):
+    """Progress for long single-file reads: the ingest worker sends its position in the file (gzip: compressed bytes;
+    plain JSON: the mapped scanner's offset); the bar shows it as 'x of y MB read'."""
+    import gzip as gz
+
+    from traceql import pipeline
+    from traceql.discover import discover
+    from traceql.ingest import loader
+
+    src = FIX / "h200x2-straggler" / "rank0.pt.trace.json.gz"
+    run = tmp_path / "run"
+    run.mkdir()
+    if name == "plain":
+        (run / "rank0.pt.trace.json").write_bytes(gz.decompress(src.read_bytes()))
+    else:
+        shutil.copy(src, run / name)
+    monkeypatch.setenv("TRACEQL_SOURCE_ISOLATION", "always")
+    got = []
+    loader.ingest(run, discover(run), use_cache=False, read_progress=lambda s, done, total: got.append((s.path.name, done, total)))
+    size = next(run.iterdir()).stat().st_size
+    assert got and all(0 < d <= t == size for _, d, t in got), got
+
+    class Rec:
+        def update(self, task, **kw):
+            self.kw = kw
+
+    bar = pipeline._Bar.__new__(pipeline._Bar)
+    bar.p, bar.task = Rec(), 0
+    bar.reading(discover(run)[-1], 3 << 29, 3 << 30)
+    assert bar.p.kw["description"].endswith("1.5 of 3.0 GB read")
+
+
+def test_no_progress_off_a_terminal():
+    r = _cli("check", FIX / "h200x2-straggler-nsys", "--fail-on", "never")
+    assert r.exit_code == 0 and "read" not in r.stderr and "ingest" not in r.stderr
