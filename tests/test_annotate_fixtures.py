@@ -22,12 +22,12 @@ BOTH = ["h200x2-straggler-nsys", "h200-plain-loop-nsys", "h200-host-sync-per-ste
 ALL = [*BOTH, "cpu-straggler", "h200x2-straggler", "h200-graph-break-hot-loop", "h200-fp32-leak", "h200-loader-bound"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _result(name: str):
     return pipeline.check(FIX / name, use_cache=False)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _doc(name: str) -> dict:
     return annotate.annotate(_result(name))
 

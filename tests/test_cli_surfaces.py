@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from traceql.cli import main
-from traceql.cli import _common
+from traceql.cli import _common, main
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "fixtures"
@@ -54,10 +53,14 @@ def test_text_report_wraps_at_the_width(name, width):
     assert " ".join(r.stdout.split()) == " ".join(wide.split())  # and lost or added no word
 
 
-def test_width_follows_columns_and_defaults_to_120_off_a_terminal():
+def test_width_follows_columns_and_off_a_terminal_an_entry_is_one_line():
     name = FIX / "h200x2-straggler-nsys"
     off_tty = _cli("check", name, "-q", "--fail-on", "never").stdout
-    assert max(map(len, off_tty.splitlines())) <= 120 and max(map(len, off_tty.splitlines())) > 80
+    lines = off_tty.splitlines()
+    # a log keeps one line per finding, so that grep finds a whole message
+    res = __import__("traceql.pipeline", fromlist=["check"]).check(name)
+    for f in res.findings:
+        assert any(ln == f"  - {f.message}" for ln in lines), f.message
     cols = _cli("check", name, "-q", "--fail-on", "never", env={"COLUMNS": "70"}).stdout
     assert not _overlong(cols, 70)
     summ = _cli("summary", name, "-q", "--width", 80)
@@ -185,7 +188,7 @@ def test_help_and_version_do_not_import_polars():
             "    try:\n        main(args, standalone_mode=False)\n    except SystemExit:\n        pass\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('polars', 'pyarrow', 'networkx', 'numpy', 'rich'))\n"
             "print('HEAVY', heavy)\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout, out.stdout
@@ -227,3 +230,12 @@ def test_a_worker_reports_bytes_read(name, tmp_path, monkeypatch):
 def test_no_progress_off_a_terminal():
     r = _cli("check", FIX / "h200x2-straggler-nsys", "--fail-on", "never")
     assert r.exit_code == 0 and "read" not in r.stderr and "ingest" not in r.stderr
+
+
+def test_capture_out_to_a_file_or_under_one_is_one_line(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    for out, says in [(f, "is a file"), (f / "sub", "cannot write the run there")]:
+        r = _cli("capture", "straggler", "--out", out, "--ranks", "2")
+        assert r.exit_code == 2, r.output
+        assert len(r.stderr.strip().splitlines()) == 1 and str(out) in r.stderr and says in r.stderr

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = ["Findings", "QueryError", "Run", "RuleOutcome", "__version__", "check", "load"]
+__all__ = ["Findings", "QueryError", "RuleOutcome", "Run", "__version__", "check", "load"]
 
 if TYPE_CHECKING:
     from traceql.api import Findings, QueryError, RuleOutcome, Run, check, load

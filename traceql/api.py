@@ -29,10 +29,9 @@ if TYPE_CHECKING:
     import polars as pl
 
     from traceql.model import Run as _ModelRun
-    from traceql.model.finding import Finding
     from traceql.model.result import CheckResult
 
-__all__ = ["Findings", "QueryError", "Run", "RuleOutcome", "check", "load"]
+__all__ = ["Findings", "QueryError", "RuleOutcome", "Run", "check", "load"]
 
 # What each canonical table holds (DESIGN.md's list; the schemas are traceql.model.tables.SCHEMAS).
 CANONICAL_DOCS = {
@@ -281,7 +280,7 @@ def _sets(params: Mapping[str, Mapping[str, Any]] | None) -> list[str]:
     out = []
     for rid, kv in (params or {}).items():
         if not isinstance(kv, Mapping):
-            raise ValueError(f"params[{rid!r}]: expected a mapping of parameter to value, e.g. {{'min_exposed_ms': 5}}")
+            raise TypeError(f"params[{rid!r}]: expected a mapping of parameter to value, e.g. {{'min_exposed_ms': 5}}")
         out += [f"{rid}.{k}={_value(v)}" for k, v in kv.items()]
     return out
 

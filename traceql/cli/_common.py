@@ -24,8 +24,9 @@ def _fail(msg: str, code: int = EXIT_USAGE) -> None:
 
 
 
-def _width(given: int | None, to_file: bool = False) -> int:
-    """Text width: --width, else $COLUMNS, else the terminal's (stdout on a tty, not --out), else 120 (logs, files)."""
+def _width(given: int | None, to_file: bool = False) -> int | None:
+    """Text width: --width, else $COLUMNS, else the terminal's (stdout on a tty, not --out); None off a terminal
+    (a log, a pipe, a file): one line per entry there, so that grep finds a whole message."""
     import os
     import shutil
 
@@ -35,7 +36,7 @@ def _width(given: int | None, to_file: bool = False) -> int:
         return max(int(os.environ["COLUMNS"]), 40)
     if not to_file and sys.stdout.isatty():
         return max(shutil.get_terminal_size((120, 24)).columns, 40)
-    return 120
+    return None
 
 
 def _color(mode: str, to_file: bool = False) -> bool:
@@ -54,7 +55,7 @@ def text_options(f):
     f = click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
                      help="Colour the text report: auto = on a terminal unless NO_COLOR is set.")(f)
     return click.option("--width", type=click.IntRange(min=1), default=None,
-                        help="Wrap text at N columns [default: the terminal's, $COLUMNS, or 120 when not a terminal].")(f)
+                        help="Wrap text at N columns [default: $COLUMNS or the terminal's; no wrapping off a terminal].")(f)
 
 
 def _check_out(out) -> None:

@@ -149,7 +149,7 @@ def _baseline(path: Path) -> set[str]:
         return set()
 
 
-def _render(result, fmt: str, color: bool, verbose: bool, width: int = 120) -> str:
+def _render(result, fmt: str, color: bool, verbose: bool, width: int | None = None) -> str:
     if fmt == "json":
         from traceql.report import json as r
         return r.render(result)
@@ -205,4 +205,4 @@ def summary(run_dir, fmt, no_cache, quiet, width, color):
     for rank, row in data["ranks"].items():
         t.add_row(rank, *["-" if row[c] is None else str(row[c]) for c in cols])
     # the table wraps its headers and cells to the width; colour as for check
-    Console(width=_width(width), force_terminal=_color(color), no_color=not _color(color), highlight=False).print(t)
+    Console(width=_width(width) or 160, force_terminal=_color(color), no_color=not _color(color), highlight=False).print(t)

@@ -300,6 +300,7 @@ def _worker(conn, threads: str | None = None) -> None:
         for k in [k for k in os.environ if k.startswith("TRACEQL_") and k not in env]:
             del os.environ[k]
         os.environ.update(env)
+        this._last_progress = 0.0  # a new read: its first position goes out at once
         try:
             out = _ingest_one(source, use_cache, budget)
         except BaseException as e:  # whatever escapes the importer, the parent gets a reason, not a dead pipe

@@ -199,11 +199,25 @@ def _locate(f, rank: int, t: dict[str, pl.DataFrame], window: tuple[int, int] | 
     # a collective by sequence number (TQL303, TQL5xx, TQL6xx)
     if isinstance(ev.get("seq"), int):
         c = t["collectives"].filter((pl.col("rank") == rank) & (pl.col("seq") == ev["seq"]) & pl.col("ts").is_not_null())
-        if ev.get("pg_name") is not None and c.filter(pl.col("pg_name") == str(ev["pg_name"])).height:
-            c = c.filter(pl.col("pg_name") == str(ev["pg_name"]))
+        for cond in ([pl.col("pg_name") == str(ev["pg_name"])] if ev.get("pg_name") is not None else []) + \
+                ([pl.col("step") == f.step] if f.step is not None else []):
+            if c.filter(cond).height:
+                c = c.filter(cond)
         if c.height:
             row = c.sort("ts").row(0, named=True)
             return row["ts"], row["end"] if row["end"] is not None else row["ts"], "collective", row, f"collective seq {ev['seq']}"
+        # the traces carry no sequence numbers (gloo on Kineto): the one the matching gave the call
+        if ci is not None and ci.height:
+            c = ci.filter((pl.col("rank") == rank) & (pl.col("seq") == ev["seq"]) & pl.col("arrival").is_not_null())
+            narrow = [pl.col(k) == str(ev[k]) for k in ("pg_name", "pg") if ev.get(k) is not None]
+            if f.step is not None:  # sequence numbers may count calls per step ("call order per step")
+                narrow.append(pl.col("step") == f.step)
+            for cond in narrow:
+                if c.filter(cond).height:
+                    c = c.filter(cond)
+            if c.height:
+                row = c.sort("arrival").row(0, named=True)
+                return row["arrival"], max(row["end"], row["arrival"]), "collective", row, f"collective seq {ev['seq']}"
     # waits across ranks (TQL301, TQL302): the collective it made others wait at, or waited at, the longest
     if ci is not None and ci.height and ("wait_ms" in ev or "wait_caused_ms" in ev):
         c = ci.filter(pl.col("arrival").is_not_null() & pl.col("end").is_not_null())
@@ -373,6 +387,10 @@ def _markers(result, t, ci, ranks, base, us, events, stream_tid, host_tid) -> tu
                 at = end if kind == "gap" else ts  # a gap is marked on the kernel that waited through it
             elif kind in ("host", "runtime"):
                 tid = host_tid.get((r, row["tid"]))
+            elif kind == "collective" and row.get("host_op_id") is not None:  # the host op that made the call
+                h = t["host_ops"].filter((pl.col("rank") == r) & (pl.col("source") == row["source"]) & (pl.col("id") == row["host_op_id"]))
+                tid = host_tid.get((r, h["tid"][0])) if h.height else None
+                at = h["ts"][0] if h.height else ts
             if tid is not None:
                 events.append({"ph": "i", "s": "t", "cat": FINDING_CAT, "name": name, "pid": r, "tid": tid, "ts": us(at),
                                "args": {"severity": f.severity, "message": f.message, "fingerprint": f.fingerprint}})

@@ -20,12 +20,16 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _STATUS = {"ok": "green", "partial": "yellow", "skipped": "dim", "error": "red"}
 
 
-def _wrap(con: Console, width: int, head: str, text: str, style: str = "", indent: int | None = None) -> None:
-    """Print `head` + `text` wrapped at `width`: `head` (plain, e.g. "  - ") styled with `style`, continuation lines
-    indented by `indent` (default: under the text). Input-derived text is made visible and markup-escaped here."""
+def _wrap(con: Console, width: int | None, head: str, text: str, style: str = "", indent: int | None = None) -> None:
+    """Print `head` + `text` wrapped at `width` (None: one line): `head` (plain, e.g. "  - ") styled with `style`,
+    continuation lines indented by `indent` (default: under the text). Input-derived text is made visible and
+    markup-escaped here."""
     rest = " " * (len(head) if indent is None else indent)
-    lines = textwrap.wrap(visible(text), width=width, initial_indent=head, subsequent_indent=rest,
-                          break_long_words=False, break_on_hyphens=False) or [head.rstrip()]
+    if width is None:
+        lines = [head + visible(text)]
+    else:
+        lines = textwrap.wrap(visible(text), width=width, initial_indent=head, subsequent_indent=rest,
+                              break_long_words=False, break_on_hyphens=False) or [head.rstrip()]
     for i, line in enumerate(lines):
         if style and not head.strip():  # no head: the whole text carries the style ("No findings" in green)
             con.print(f"[{style}]{escape(line)}[/]")
@@ -35,14 +39,16 @@ def _wrap(con: Console, width: int, head: str, text: str, style: str = "", inden
             con.print(escape(line))
 
 
-def render(result: CheckResult, color: bool = False, verbose: bool = False, width: int = 120) -> str:
+def render(result: CheckResult, color: bool = False, verbose: bool = False, width: int | None = None) -> str:
+    """The report as text; width None: one line per entry (logs, grep), else wrapped at `width` columns."""
     buf = io.StringIO()
     # soft_wrap: lines are wrapped here (_wrap), by words; rich would cut long tokens mid-word
-    con = Console(file=buf, force_terminal=color, no_color=not color, width=width, highlight=False, soft_wrap=True)
+    con = Console(file=buf, force_terminal=color, no_color=not color, width=width or 120, highlight=False, soft_wrap=True)
     run = result.run
     root = run.path if run.path.is_dir() else run.path.parent
     ranks = run.ranks
-    _wrap(con, width, "traceql check ", f"{run.path}: {len(ranks)} rank(s) {_ranges(ranks)}, {len(run.sources)} source(s)", "bold", indent=2)
+    _wrap(con, width, "traceql check ", f"{run.path}: {len(ranks)} rank(s){' ' + _ranges(ranks) if ranks else ''}, "
+          f"{len(run.sources)} source(s)", "bold", indent=2)
     # links not followed and empty traces stay visible: each may be an input the user meant, and it was not read
     quiet_skips = [s for s in run.sources if s.status == "skipped" and s.kind in ("unknown", "manifest")
                    and not s.meta.get("shown")]
