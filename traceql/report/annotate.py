@@ -32,6 +32,7 @@ FINDING_CAT = "traceql.finding"
 # two sources of one rank are on one clock when the differences of their matched events agree this closely
 MAX_SPREAD_NS = 1_000_000
 _TIMED = ("kernels", "host_ops", "runtime", "steps", "collectives")
+_DRAWN = ("kernels", "host_ops", "runtime", "steps")  # the tables whose rows become events of the trace
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -92,11 +93,13 @@ def _reference_sources(run, t: dict[str, pl.DataFrame]) -> dict[int, int]:
     except Exception:  # noqa: BLE001,S110 (matching is an improvement; a rank without it falls back to its counts)
         pass
     counts: dict[tuple[int, int], tuple[int, int]] = {}
-    for name in ("kernels", "host_ops", "runtime"):
+    for name in _DRAWN:
         for r, s, n in t[name].group_by("rank", "source").len().iter_rows():
             if r is not None:
                 k, e = counts.get((r, s), (0, 0))
                 counts[(r, s)] = (k + n if name == "kernels" else k, e + n)
+    # a matched source that draws nothing (collectives from a log or a dump) cannot anchor the rank's events
+    refs = {r: s for r, s in refs.items() if (r, s) in counts}
     for (r, s), _ in sorted(counts.items(), key=lambda kv: kv[1], reverse=True):
         refs.setdefault(r, s)
     return refs
@@ -107,8 +110,10 @@ def one_clock_per_rank(run, t: dict[str, pl.DataFrame]) -> tuple[dict[str, pl.Da
     placed dropped. Returns (tables, notes, warnings); warnings (what was left out) are for stderr too."""
     refs = _reference_sources(run, t)
     names = {s.id: s.path.name for s in run.sources}
+    # the sources the trace shows (collectives only place markers: a Flight Recorder dump's, on the wall clock, is
+    # dropped below without a word, it was never drawn)
     pairs: set[tuple[int, int]] = set()
-    for name in _TIMED:
+    for name in _DRAWN:
         pairs |= {(r, s) for r, s in t[name].select("rank", "source").unique().iter_rows() if r is not None}
     shifts: dict[tuple[int, int], int] = {}
     notes: list[str] = []
@@ -127,7 +132,9 @@ def one_clock_per_rank(run, t: dict[str, pl.DataFrame]) -> tuple[dict[str, pl.Da
             shifts[(r, s)] = got[0]
             notes.append(f"rank {r}: {names.get(s, s)} moved onto the clock of {names.get(ref, ref)} by "
                          f"{got[0] / 1e9:+.6f} s, from {got[1]}")
-    if not shifts and not dropped:
+    # collectives of sources that draw nothing (Flight Recorder, logs) are on other clocks: not used for placing
+    placed = pl.DataFrame([(r, refs[r]) for r in refs] + list(shifts), schema={"_r": pl.Int32, "_s": pl.Int32}, orient="row")
+    if not shifts and not dropped and t["collectives"].height == 0:
         return t, notes, warns
     sh = pl.DataFrame([(r, s, d) for (r, s), d in shifts.items()] or None,
                       schema={"_r": pl.Int32, "_s": pl.Int32, "_sh": pl.Int64}, orient="row")
@@ -139,6 +146,8 @@ def one_clock_per_rank(run, t: dict[str, pl.DataFrame]) -> tuple[dict[str, pl.Da
             continue
         df = df.with_columns(pl.col("rank").cast(pl.Int32).alias("_r"), pl.col("source").cast(pl.Int32).alias("_s"))
         df = df.join(gone, on=["_r", "_s"], how="anti")
+        if name == "collectives":
+            df = df.join(placed, on=["_r", "_s"], how="semi")
         df = df.join(sh, on=["_r", "_s"], how="left", maintain_order="left").with_columns(pl.col("_sh").fill_null(0))
         cols = [c for c in ("ts", "end", "kernel_ts", "kernel_end") if c in df.columns]
         out[name] = df.with_columns([(pl.col(c) + pl.col("_sh")).alias(c) for c in cols]).drop("_r", "_s", "_sh")

@@ -11,6 +11,7 @@ import textwrap
 
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from traceql.model.ranks import format_ranks
 from traceql.model.text_safety import visible
@@ -77,8 +78,9 @@ def render(result: CheckResult, color: bool = False, verbose: bool = False, widt
     ran = sum(1 for r in result.results if r.status == "ran")
     not_run = len(skipped) - len(errors)
     if not result.findings:
-        text, style = _no_findings(ran, not_run, len(errors), bool(ranks))
-        _wrap(con, width, "", text, style)
+        # one sentence (shared with the HTML report, as markup): wrapped as plain text, in its first style
+        sentence = Text.from_markup(_no_findings(ran, not_run, len(errors), bool(ranks)))
+        _wrap(con, width, "", sentence.plain, str(sentence.spans[0].style) if sentence.spans else "")
         return buf.getvalue()
     by_rule: dict[str, list] = {}
     for f in result.findings:
@@ -101,18 +103,18 @@ def render(result: CheckResult, color: bool = False, verbose: bool = False, widt
     return buf.getvalue()
 
 
-def _no_findings(ran: int, not_run: int, errored: int, any_rank: bool) -> tuple[str, str]:
+def _no_findings(ran: int, not_run: int, errored: int, any_rank: bool) -> str:
     """"No findings" only where every rule ran; otherwise what did not run, so a quiet report is never mistaken for a
-    clean run. Returns the text and its style."""
+    clean run."""
     if errored:
-        return (f"{errored} rule(s) failed (listed above); the {ran} rule(s) that ran found nothing"
-                + (f", {not_run} skipped" if not_run else "") + ": this report is incomplete."), "red"
+        return (f"[red]{errored} rule(s) failed[/] (listed above); the {ran} rule(s) that ran found nothing"
+                + (f", {not_run} skipped" if not_run else "") + ": this report is incomplete.")
     if not any_rank:
-        return f"Nothing analysed: no source was read and attributed to a rank ({ran} rule(s) ran, {not_run} skipped).", ""
+        return f"Nothing analysed: no source was read and attributed to a rank ({ran} rule(s) ran, {not_run} skipped)."
     if not_run:
         return (f"{ran} rule(s) ran and found nothing; {not_run} rule(s) skipped (their inputs are not in this run"
-                " or ranks collided; -v lists why)."), ""
-    return f"No findings ({ran} rule(s) ran).", "green"
+                " or ranks collided; -v lists why).")
+    return f"[green]No findings[/] ({ran} rule(s) ran)."
 
 
 def _ranges(ranks: list[int]) -> str:
