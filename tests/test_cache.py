@@ -274,3 +274,47 @@ def test_cache_info_and_clear(tmp_path, monkeypatch, entry_size):
     assert r.output.startswith(f"freed {_size(size)}: 3 entries deleted from {cache.cache_dir()}")
     assert cache.usage() == {"sources": 0, "runs": 0, "leftovers": 0, "bytes": 0}
     assert cache.load(source(tmp_path), key(1)) is None
+
+
+def _copies(src: Path, dst: Path, n: int) -> Path:
+    """A run dir of n ranks: the demo's rank 0 trace, its rank rewritten per copy (real content, distinct digests)."""
+    import gzip
+    import json
+
+    dst.mkdir()
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+    for r in range(n):
+        doc["distributedInfo"] = {**doc.get("distributedInfo", {}), "rank": r, "world_size": n}
+        (dst / f"rank{r}.pt.trace.json").write_text(json.dumps(doc))
+    return dst
+
+
+def test_a_run_bigger_than_the_cap_keeps_its_own_entries_and_says_so(tmp_path, monkeypatch):
+    from traceql import pipeline
+
+    demo = sorted((Path(__file__).resolve().parents[1] / "samples" / "demo").glob("rank0*.json.gz"))[0]
+    run = _copies(demo, tmp_path / "run", 4)
+    store(tmp_path, 1)
+    used(cache.cache_dir() / key(1), OLD)  # another run's entry, used long ago
+    set_cap(monkeypatch, 1)  # far below what four parsed ranks take
+    first = pipeline.load_run(run, use_cache=True)
+    assert all(s.cache_key for s in first.sources if s.status == "ok")
+    assert key(1) not in names()  # the older run's entry went first
+    assert any("above its" in n and "cap" in n for n in first.notes)
+    # the re-check is warm for every rank: none of the run's entries was evicted by its own later stores
+    hits = []
+    real = cache.load
+    monkeypatch.setattr(cache, "load", lambda s, k: hits.append(real(s, k) is not None) or real(s, k))
+    pipeline.load_run(run, use_cache=True)
+    assert len(hits) == 4 and all(hits)
+
+
+def test_without_protection_the_same_run_would_evict_itself(tmp_path, monkeypatch):
+    # the test above could not fail if a tiny cap evicted nothing anyway: outside a check (here: a check that began
+    # on another cache folder), the same stores prune
+    cache.begin_run()
+    monkeypatch.setenv("TRACEQL_CACHE_DIR", str(tmp_path / "another"))
+    set_cap(monkeypatch, 1)
+    for i in range(4):
+        store(tmp_path, i)
+    assert len([n for n in names() if len(n) == 32]) == 1

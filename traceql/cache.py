@@ -7,9 +7,10 @@ A small index maps (path, size, mtime) to the digest so that a warm re-check doe
 
 The cache is bounded: TRACEQL_CACHE_MAX_MB (default 4096; 0 = no limit) caps the bytes of its files. A folder's mtime is
 its last use (a store writes it, a hit touches it); when a store takes the cache past the cap, the least recently used
-entries go until it holds at most 90% of the cap. Adding up the files of every entry on every store would cost tens of
-ms on a large cache, so stores append their bytes to a running estimate (the `usage` file) and the cache is measured
-only when the estimate passes the cap, or every RESCAN_EVERY stores to correct its drift.
+entries go until it holds at most 90% of the cap, never those of the check under way (begin_run). Adding up the files
+of every entry on every store would cost tens of ms on a large cache, so stores append their bytes to a running
+estimate (the `usage` file) and the cache is measured only when the estimate passes the cap, or every RESCAN_EVERY
+stores to correct its drift.
 An entry is complete only with its source.json (written last, and listing its tables); a prune renames an entry away in
 one step before deleting its files, so a reader sees a whole entry or a miss, never part of one.
 """
@@ -348,11 +349,39 @@ def _write_usage(root: Path, total: int) -> None:
         pass
 
 
+# The check under way: the entries it has stored or hit (used since it began) are its own, and a prune never evicts
+# them: a run bigger than the cap would otherwise evict its own first ranks while storing its last (and its derived
+# tables after them), and the next check of the same run would be cold again. The cache then holds more than the cap
+# and the run says so (over_cap_note). A process checks one run at a time: the next begin_run ends the protection.
+_run_began: tuple[Path, float] | None = None  # (the cache folder, when the check began)
+_run_over: int = 0  # the most bytes above the cap this run's own entries needed
+
+
+def begin_run() -> None:
+    global _run_began, _run_over
+    _run_began, _run_over = (cache_dir(), time.time() - 2), 0  # mtimes are whole seconds on some filesystems
+
+
+def _ours_since(root: Path) -> float | None:
+    return _run_began[1] if _run_began is not None and _run_began[0] == root else None
+
+
+def over_cap_note() -> str | None:
+    """A note when the run's own entries did not fit under the cap, else None."""
+    cap = max_bytes()
+    if not _run_over or cap is None:
+        return None
+    return (f"the Parquet cache holds {(cap + _run_over) / (1 << 20):.0f} MB, above its {cap / (1 << 20):.0f} MB cap "
+            "(TRACEQL_CACHE_MAX_MB), because this run's parsed sources alone need that much and evicting them would "
+            "make the next check of this run cold; other runs' entries go first (raise the cap to keep them too)")
+
+
 def prune(keep: Path | None = None, cap: int | None = None) -> tuple[int, int]:
     """Measure the cache and, where it holds more than `cap` bytes (default: TRACEQL_CACHE_MAX_MB), delete the least
     recently used entries, run folders and index stamps alike, until it holds at most PRUNE_TO of the cap. `keep` (the
     entry just written) is never deleted. Leftovers of dead processes go whatever the size. Returns (entries deleted,
     bytes freed), counting source and run entries only as entries."""
+    global _run_over
     root = cache_dir()
     cap = max_bytes() if cap is None else cap
     now = time.time()
@@ -369,7 +398,9 @@ def prune(keep: Path | None = None, cap: int | None = None) -> tuple[int, int]:
     if cap is not None and total > cap:
         # Stamps join the order of use: one not used since before the last entry evicted most likely names a file
         # whose entry is gone. Ties go to the stamp, which is cheaper to rebuild.
-        lru = sorted([e for e in found if e.kind in ("content", "run") and e.path != keep] + stamps,
+        ours = _ours_since(root)
+        lru = sorted([e for e in found if e.kind in ("content", "run") and e.path != keep
+                      and (ours is None or e.used < ours)] + stamps,
                      key=lambda e: (e.used, e.kind != "stamp"))
         for e in lru:
             if total <= cap * PRUNE_TO:
@@ -378,6 +409,8 @@ def prune(keep: Path | None = None, cap: int | None = None) -> tuple[int, int]:
                 freed += e.size
                 removed += e.kind != "stamp"
             total -= e.size  # gone either way: by us or by a process pruning beside us
+        if ours is not None and total > cap:
+            _run_over = max(_run_over, total - cap)
     if root.is_dir():
         _write_usage(root, total)
     return removed, freed

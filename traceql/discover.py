@@ -85,12 +85,23 @@ def _unrecognised(path: Path, head: bytes) -> str:
     if path.name.startswith("memory_timeline") or (text[:1] == b"[" and b"[[" in head[:64] and b'"ph"' not in head):
         return ("torch.profiler memory timeline (export_memory_timeline): allocations only; traceql reads the Kineto "
                 "trace recorded beside it")
+    if _archive_kind(path):
+        return "an archive inside the run dir: not expanded here; check it on its own (traceql check FILE) or unpack it"
     with open(path, "rb") as f:
         raw2 = f.read(2)
     if raw2 == b"\x1f\x8b" and not head:
         return "gzip file that does not decompress; copy it again"
     return ("not a recognised input (not a Kineto trace, nsys SQLite export, TORCH_TRACE log, NCCL log or Flight "
             "Recorder dump)")
+
+
+def _archive_kind(path: Path) -> str | None:
+    from traceql import archive
+
+    try:
+        return archive.kind_of(path)
+    except archive.ArchiveError:
+        return "tar.zst"
 
 
 def _real(p: Path) -> Path | None:
@@ -123,8 +134,9 @@ def _link_out(folder: Path, root: Path) -> str | None:
     return None
 
 
-def discover(run_path: Path) -> list[Source]:
-    """Every input under run_path (a directory or a single file), in a stable order, with ids assigned.
+def discover(run_path: Path, extra: list[Source] | None = None) -> list[Source]:
+    """Every input under run_path (a directory or a single file), in a stable order, with ids assigned; `extra`
+    sources (an archive's refused entries) join them before the order and ids are given.
 
     A run dir is untrusted: symbolic links are followed only where they stay inside it (a link out of it is a
     skipped source saying so), and every real folder and file is visited once, so links to `..` or `/` neither
@@ -194,6 +206,7 @@ def discover(run_path: Path) -> list[Source]:
                 elif p.is_file():
                     sources.extend(_sniff_file(p, mods))
             stack.extend(reversed(subdirs))
+    sources.extend(extra or [])
     sources.sort(key=lambda s: (str(s.path), s.kind))
     for i, s in enumerate(sources):
         s.id = i

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from traceql import link
+from traceql import archive, link
 from traceql.discover import discover
 from traceql.ingest.loader import ingest
 from traceql.model import Run
@@ -23,7 +23,18 @@ def load_run(path: Path, use_cache: bool = True, jobs: int | None = None, progre
     path = Path(path)
     if not path.exists():
         raise NothingToAnalyse(f"{path}: no such file or directory")
-    sources = discover(path)
+    try:
+        if archive.is_archive(path):  # read inside a private temporary folder, shown as ARCHIVE!/PATH (traceql.archive)
+            with archive.expanded(path) as x:
+                run = _load(x.run_dir, discover(x.run_dir, extra=x.refused), use_cache, jobs, progress)
+                archive.relocate(run, x)
+                return run
+    except archive.ArchiveError as e:
+        raise NothingToAnalyse(str(e)) from None
+    return _load(path, discover(path), use_cache, jobs, progress)
+
+
+def _load(path: Path, sources, use_cache: bool, jobs: int | None, progress: bool) -> Run:
     bar = _progress(sources) if progress else None
     try:
         run = ingest(path, sources, use_cache=use_cache, jobs=jobs, progress=bar.advance if bar else None,

@@ -22,6 +22,7 @@ from traceql.cli import cache, check, rules  # noqa: E402,F401
 from traceql.cli.capture import capture_group  # noqa: E402
 from traceql.cli.graph import graph_command  # noqa: E402
 from traceql.cli.report import annotate, diff, query  # noqa: E402
+from traceql.cli.serve import serve  # noqa: E402
 
-for _cmd in (annotate, diff, query, graph_command, capture_group):
+for _cmd in (annotate, diff, query, graph_command, capture_group, serve):
     main.add_command(_cmd)

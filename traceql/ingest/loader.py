@@ -109,6 +109,16 @@ def ingest(run_path: Path, sources: list[Source], use_cache: bool = True, jobs: 
            read_progress=None) -> Run:
     """Read every source into the canonical tables. progress(source) after each source; read_progress(source, done,
     total) while a worker reads a large file (its position in bytes)."""
+    if use_cache:
+        cache.begin_run()
+    run = _ingest(run_path, sources, use_cache, jobs, progress, read_progress)
+    note = cache.over_cap_note() if use_cache else None
+    if note:
+        run.notes.append(note)
+    return run
+
+
+def _ingest(run_path: Path, sources: list[Source], use_cache: bool, jobs: int | None, progress, read_progress=None) -> Run:
     todo = [s for s in sources if s.status in ("ok", "partial")]
     results: list[tuple[Source, dict]] = []
     for s in list(todo):

@@ -1,30 +1,42 @@
-"""`traceql check --format html`: one self-contained page for people. No script, no network, no external asset.
+"""`traceql check --format html`: one self-contained page for people. Nothing is fetched; one inline script, allowed
+by its hash (html_assets.SCRIPT_CSP), draws the timeline.
 
-Sections: run overview (ranks, steps, sources), per-rank breakdown per step (step_metrics), a timeline of one
-step on every rank with findings marked (inline SVG), a collective wait heatmap (collective_instances), and the
-findings with their evidence and the rules' docs. Every string that came from an input goes through html.escape:
-kernel names, file names, messages and evidence are data, never markup. A Content-Security-Policy without
-script-src makes any markup that slipped through inert.
+Sections: run overview (ranks, steps, sources); every step's time per rank and where it went (step_metrics, the
+numbers `summary` and `diff` show); a zoomable timeline of every rank (html_timeline: lanes per host thread and GPU
+stream, a step selector, collectives linked across ranks, findings at their evidence); collective waits
+(collective_instances); top kernels by time, total and per rank; torch.compile (html_compile); the findings by
+severity, costliest first, consequences under their cause, each with a link that zooms the timeline to its evidence.
+Every string that came from an input goes through html.escape, or travels as JSON that the script writes with
+textContent: kernel names, file names, messages and evidence are data, never markup. Everything that can grow with
+the input (rows, events, names, ranks) is capped, and the page says what was cut.
 """
 
 from __future__ import annotations
 
-import html as _html
 import math
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
+import orjson
 import polars as pl
 
 from traceql import __version__, link
+from traceql.model.finding import SEVERITY_ORDER
 from traceql.model.ranks import format_ranks
-from traceql.report._align import aligner
 from traceql.model.result import CheckResult
+from traceql.report.html_assets import CSS, SCRIPT, SCRIPT_CSP, cut, e
+from traceql.report.html_compile import compile_section
+from traceql.report.html_timeline import timeline_data
 
-MAX_LANE_RECTS = 4000  # per lane, after merging what falls into one pixel
-TIMELINE_W = 1100
 HEAT_MAX_COLS = 160
-KIND_COLOR = {"compute": "#4e79a7", "comm": "#e15759", "memcpy": "#f28e2b", "memset": "#edc948", "host": "#9c9c9c"}
+MAX_STEP_ROWS = 2_000  # rows of the per-step breakdown (rank x step)
+MAX_MATRIX_STEPS = 500  # rows of the step-time-per-rank matrix
+MAX_MATRIX_RANKS = 64
+TOP_KERNELS = 25
+TOP_KERNELS_PER_RANK = 8
+MAX_KERNEL_RANKS = 16
+MAX_FINDINGS = 1_000
 SEV_COLOR = {"error": "#c0392b", "warning": "#d68910", "info": "#2e86c1"}
 PARTS = [
     ("compute_ms", "compute", "#4e79a7"),
@@ -36,22 +48,30 @@ PARTS = [
 ]
 
 
-def e(v) -> str:
-    return _html.escape("" if v is None else str(v), quote=True)
-
-
 def render(result: CheckResult, step: int | None = None) -> str:
+    """The page. `step` is the step the timeline opens on (default: the one most findings name)."""
     run = result.run
     root = run.path if run.path.is_dir() else run.path.parent
     body = [
         _overview(result, root),
+        _step_matrix(run),
         _breakdown(run),
         _timeline(result, step),
         _heatmap(run),
+        _top_kernels(run),
+        compile_section(result),
         _findings(result, root),
     ]
     title = f"traceql: {run.path.name}"
-    return _PAGE.format(title=e(title), css=_CSS, body="\n".join(body), version=e(__version__))
+    return _PAGE.format(title=e(title), css=CSS, body="\n".join(body), version=e(__version__), csp=SCRIPT_CSP, script=SCRIPT)
+
+
+def _json_for_script(data) -> str:
+    """JSON safe inside <script type=application/json>: no '<', '>' or '&' that could end the element or start
+    markup, and no line separators that older parsers treat as newlines."""
+    s = orjson.dumps(data).decode()
+    return (s.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
 # ---------------------------------------------------------------------------------------------------- overview
@@ -118,6 +138,48 @@ def breakdown_rows(run) -> pl.DataFrame:
         pl.when(host_side).then(0.0).otherwise(pl.col("idle_ms")).fill_null(0.0).alias("idle_part_ms"))
 
 
+def _step_matrix(run) -> str:
+    """Every step's time on every rank (step_metrics.step_ms), the slowest rank of each step marked: where a
+    straggler or a slow step shows at a glance. A step links to the timeline at that step."""
+    sm = link.ensure(run, "step_metrics")
+    out = ["<section id=steps><h2>Every step, per rank</h2>"]
+    sm = sm.filter(pl.col("step").is_not_null() & pl.col("rank").is_not_null())
+    if sm.height == 0:
+        out.append("<p class=note>No profiler steps in this run: the breakdown below covers the whole trace.</p></section>")
+        return "\n".join(out)
+    ranks = sorted(sm["rank"].unique().to_list())
+    steps = sorted(sm["step"].unique().to_list())
+    shown_r, shown_s = ranks[:MAX_MATRIX_RANKS], steps[:MAX_MATRIX_STEPS]
+    val = {(r, s): (ms, ex, ov, idle) for r, s, ms, ex, ov, idle in
+           sm.select("rank", "step", "step_ms", "exposed_comm_ms", "comm_comp_overlap_pct", "gpu_idle_ms").iter_rows()}
+    out.append("<p class=note>Step time in ms (step_metrics, the numbers `traceql summary` takes medians of); under it exposed "
+               "communication / overlap % / GPU idle. Red: the slowest rank of the step, where it is 5% or more above the "
+               "step's median. Click a step to open it on the timeline.</p>")
+    out.append("<div class=scroll><table class=grid><thead><tr><th>step</th>" + "".join(f"<th class=num>rank {e(r)}</th>" for r in shown_r)
+               + "<th class=num>median</th><th class=num>max / median</th></tr></thead><tbody>")
+    for s in shown_s:
+        vals = [val[(r, s)][0] for r in shown_r if (r, s) in val and val[(r, s)][0] is not None]
+        med = statistics.median(vals) if vals else None
+        worst = max(vals) if vals else None
+        cells = []
+        for r in shown_r:
+            v = val.get((r, s))
+            if v is None or v[0] is None:
+                cells.append("<td class=num>-</td>")
+                continue
+            hot = len(vals) > 1 and v[0] == worst and med and worst >= 1.05 * med
+            cells.append(f"<td class='num{' hot' if hot else ''}'>{v[0]:.2f}<br><span class=note>{_ms(v[1])} / {_num(v[2], 0)}% / {_ms(v[3])}</span></td>")
+        ratio = "-" if not med else f"{worst / med:.2f}"
+        out.append(f"<tr><td><a href='#timeline' class=go-step data-step='{e(s)}'>step {e(s)}</a></td>{''.join(cells)}"
+                   f"<td class=num>{_ms(med)}</td><td class=num>{ratio}</td></tr>")
+    out.append("</tbody></table></div>")
+    if len(steps) > len(shown_s) or len(ranks) > len(shown_r):
+        out.append(f"<p class=cut>{len(steps) - len(shown_s):,} more step(s) and {len(ranks) - len(shown_r):,} more rank(s) not shown; "
+                   "`traceql query RUN \"SELECT * FROM step_metrics\"` lists all.</p>")
+    out.append("</section>")
+    return "\n".join(out)
+
+
 def _breakdown(run) -> str:
     bd = breakdown_rows(run)
     out = ["<section id=breakdown><h2>Where each step's time went, per rank</h2>"]
@@ -134,7 +196,7 @@ def _breakdown(run) -> str:
         "<th>exposed comm</th><th>overlap %</th><th>wait</th><th>GPU idle</th><th>host</th><th>kernels</th></tr></thead><tbody>"
     )
     rows = list(bd.iter_rows(named=True))
-    shown = rows[:400]
+    shown = rows[:MAX_STEP_ROWS]
     for r in shown:
         out.append(
             f"<tr><td>{e(r['rank'])}</td><td>{e('whole trace' if r['step'] is None else r['step'])}</td><td>{_ms(r['step_ms'])}</td>"
@@ -144,7 +206,7 @@ def _breakdown(run) -> str:
         )
     out.append("</tbody></table>")
     if len(rows) > len(shown):
-        out.append(f"<p class=note>{len(rows) - len(shown)} more rows not shown; `traceql query RUN \"SELECT * FROM step_metrics\"` lists all.</p>")
+        out.append(f"<p class=cut>{len(rows) - len(shown):,} more rows not shown; `traceql query RUN \"SELECT * FROM step_metrics\"` lists all.</p>")
     out.append("</section>")
     return "\n".join(out)
 
@@ -197,141 +259,34 @@ def choose_step(result: CheckResult) -> int | None:
 
 
 def _timeline(result: CheckResult, step: int | None) -> str:
-    run = result.run
-    out = ["<section id=timeline>"]
-    # a trace that names no rank (amd_trace, triton_example in HTA's tests) has kernels, but no lane to draw them in
-    k = run.table("kernels").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("rank").is_not_null())
-    if k.height == 0:
-        return "<section id=timeline><h2>Timeline</h2><p class=note>No GPU kernels in this run: no timeline.</p></section>"
+    data = timeline_data(result)
+    if not data["lanes"]:
+        return "<section id=timeline><h2>Timeline</h2><p class=note>No GPU kernels or host ops with a rank in this run: no timeline.</p></section>"
     step = step if step is not None else choose_step(result)
-    al = aligner(run)
-    steps = run.table("steps")
-    windows: dict[int, tuple[int, int]] = {}
-    if step is not None:
-        sw = al(steps.filter((pl.col("step") == step) & pl.col("rank").is_not_null()), ["ts", "end"])
-        for r, ts, end in sw.group_by("rank").agg(pl.col("ts").min(), pl.col("end").max()).iter_rows():
-            windows[int(r)] = (ts, end)
-        k = k.filter(pl.col("step") == step)
-        host = run.table("host_ops").filter((pl.col("step") == step) & (pl.col("depth") == 0) & pl.col("ts").is_not_null()
-                                            & pl.col("rank").is_not_null())
-    else:
-        host = run.table("host_ops").filter((pl.col("depth") == 0) & pl.col("ts").is_not_null() & pl.col("rank").is_not_null())
-    k = al(k, ["ts", "end"])
-    host = al(host, ["ts", "end"])
-    for r, ts, end in k.group_by("rank").agg(pl.col("ts").min(), pl.col("end").max()).iter_rows():
-        if int(r) not in windows:
-            windows[int(r)] = (ts, end)
-        else:  # GPU work of a step can run past its host window: widen to show it
-            a, b = windows[int(r)]
-            windows[int(r)] = (min(a, ts), max(b, end))
-    if not windows:
-        return "<section id=timeline><h2>Timeline</h2><p class=note>No kernels in the chosen step.</p></section>"
-    title = f"Timeline of step {step}" if step is not None else "Timeline of the whole trace"
-    out.append(f"<h2>{e(title)} on every rank</h2>")
-    if al.aligned:
-        base = min(a for a, _ in windows.values())
-        span = max(b for _, b in windows.values()) - base
-        offs = {r: base for r in windows}
-        out.append(f"<p class=note>{e(al.note)}.</p>")
-    else:
-        offs = {r: a for r, (a, _) in windows.items()}
-        span = max(b - a for a, b in windows.values())
-        out.append(f"<p class=note>Each rank drawn from its own step start ({e(al.note)}).</p>")
-    span = max(span, 1)
-    px = (TIMELINE_W - 170) / span
-    marks = _marks_by_rank(result, step)
-    lane_h, gap = 12, 3
-    rows_svg = []
-    y = 18
-    for rank in sorted(windows):
-        kr = k.filter(pl.col("rank") == rank)
-        hr = host.filter(pl.col("rank") == rank)
-        lanes = []
-        if hr.height:
-            lanes.append(("host", hr.with_columns(pl.lit("host").alias("kind"))))
-        for (dev, stream), g in sorted(kr.group_by(["device", "stream"]), key=lambda t: (t[0][0] if t[0][0] is not None else -1, t[0][1] if t[0][1] is not None else -1)):
-            lanes.append((f"gpu{dev} s{stream}", g))
-        block_top = y
-        rows_svg.append(f"<text x='4' y='{y + 10}' class=rk>rank {e(rank)}</text>")
-        for label, g in lanes:
-            rows_svg.append(f"<text x='82' y='{y + 10}' class=ln>{e(label)}</text>")
-            rows_svg.append(_lane(g, offs[rank], px, 170, y, lane_h))
-            y += lane_h + gap
-        fs = marks.get(rank, [])
-        if fs:
-            sev = max(fs, key=lambda f: {"info": 0, "warning": 1, "error": 2}[f.severity]).severity
-            tip = "\n".join(f"{f.rule} {f.name}: {f.message}" for f in fs)
-            rows_svg.append(
-                f"<a href='#f-{e(fs[0].fingerprint)}'><path d='M4 {block_top + 16} l8 0 l-4 8 z' fill='{SEV_COLOR[sev]}' class=mark>"
-                f"<title>{e(tip)}</title></path><text x='15' y='{block_top + 24}' class=mk>{len(fs)} finding(s)</text></a>"
-            )
-            rows_svg.append(f"<rect x='168' y='{block_top - 1}' width='2' height='{y - block_top - gap + 2}' fill='{SEV_COLOR[sev]}'/>")
-        y += 8
-    axis = _axis(span, px, 170, y)
-    height = y + 22
-    legend = " ".join(f"<span class=sw style='background:{c}'></span>{e(n)}" for n, c in KIND_COLOR.items())
-    out.append(f"<p class=legend>{legend} <span class=sw style='background:{SEV_COLOR['warning']}'></span>finding on this rank and step</p>")
-    out.append(f"<div class=scroll><svg width='{TIMELINE_W}' height='{height}' class=timeline role=img aria-label='{e(title)}'>{''.join(rows_svg)}{axis}</svg></div>")
-    out.append("</section>")
-    return "\n".join(out)
-
-
-def _lane(g: pl.DataFrame, off: int, px: float, x0: float, y: int, h: int) -> str:
-    """Kernels of one lane as rects; neighbours of one kind that meet within a pixel merge into one rect."""
-    g = g.sort("ts")
-    rects = []
-    cur = None  # [x0, x1, kind, n, first_name, busy_ns]
-    for ts, end, kind, name in g.select("ts", "end", "kind", "name").iter_rows():
-        a = x0 + (ts - off) * px
-        b = max(x0 + (end - off) * px, a + 0.5)
-        if cur is not None and kind == cur[2] and a <= cur[1] + 1.0:
-            cur[1] = max(cur[1], b)
-            cur[3] += 1
-            cur[5] += end - ts
-            continue
-        if cur is not None:
-            rects.append(cur)
-        cur = [a, b, kind, 1, name, end - ts]
-    if cur is not None:
-        rects.append(cur)
-    dropped = 0
-    if len(rects) > MAX_LANE_RECTS:  # keep the longest; a note in the lane says how many were left out
-        dropped = len(rects) - MAX_LANE_RECTS
-        rects = sorted(sorted(rects, key=lambda r: r[1] - r[0], reverse=True)[:MAX_LANE_RECTS], key=lambda r: r[0])
-    parts = []
-    for a, b, kind, n, name, busy in rects:
-        tip = f"{name} ({busy / 1e6:.3f} ms)" if n == 1 else f"{n} {kind} kernels, {busy / 1e6:.3f} ms busy; first: {name}"
-        parts.append(
-            f"<rect x='{a:.2f}' y='{y}' width='{b - a:.2f}' height='{h}' fill='{KIND_COLOR.get(kind, '#777')}'><title>{e(tip)}</title></rect>"
-        )
-    if dropped:
-        parts.append(f"<text x='{x0}' y='{y + h - 2}' class=ln>{dropped} short blocks not drawn</text>")
-    return "".join(parts)
-
-
-def _axis(span_ns: int, px: float, x0: float, y: int) -> str:
-    span_ms = span_ns / 1e6
-    raw = span_ms / 8
-    mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
-    tick = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    parts = [f"<line x1='{x0}' y1='{y}' x2='{x0 + span_ns * px:.1f}' y2='{y}' stroke='#888'/>"]
-    t = 0.0
-    while t <= span_ms + 1e-9:
-        x = x0 + t * 1e6 * px
-        parts.append(f"<line x1='{x:.1f}' y1='{y}' x2='{x:.1f}' y2='{y + 4}' stroke='#888'/><text x='{x:.1f}' y='{y + 15}' class=tk text-anchor=middle>{t:g} ms</text>")
-        t += tick
-    return "".join(parts)
-
-
-def _marks_by_rank(result: CheckResult, step: int | None) -> dict[int, list]:
-    out: dict[int, list] = defaultdict(list)
-    for f in result.findings:
-        fs = _finding_steps(f)
-        if step is not None and fs and step not in fs:
-            continue
-        for r in f.ranks:
-            out[r].append(f)
-    return out
+    data["initial"] = step if any(s["step"] == step for s in data["steps"]) else None
+    legend = " ".join(f"<span class=sw style='background:{c}'></span>{e(n)}" for n, c in
+                      (("compute", "#4e79a7"), ("communication", "#e15759"), ("memcpy", "#f28e2b"), ("memset", "#edc948"),
+                       ("host op", "#a8a8a8"), ("wait in a collective", "rgba(125,60,152,0.45)")))
+    clock = ("Ranks on one clock: " + data["note"]) if data["aligned"] else ("Each rank drawn from its own first event: " + data["note"])
+    cut = "".join(f"<li>{e(c)}</li>" for c in data["cut"])
+    return (
+        "<section id=timeline><h2>Timeline of every rank</h2>"
+        f"<p class=note>{e(clock)}. Lanes: each rank's busiest host threads (top-level ops) and one lane per GPU stream. "
+        "A black tick is a rank's arrival at a collective matched across ranks (dark red: the last to arrive), joined by a line "
+        "across the ranks; the purple shade is the time a rank waited for the last one. Triangles are findings at their evidence. "
+        "Wheel or w/s to zoom, drag or a/d to pan, shift+wheel to scroll, double-click to reset.</p>"
+        f"<p class=legend>{legend}</p>"
+        + (f"<ul class=cut>{cut}</ul>" if cut else "")
+        + "<div class=tl-bar><label>step <select id=tl-step><option value=all>all steps</option></select></label>"
+        "<button id=tl-in type=button>zoom in</button><button id=tl-out type=button>zoom out</button>"
+        "<button id=tl-reset type=button>reset</button><label><input id=tl-links type=checkbox checked> collective links</label>"
+        "<span id=tl-range class=note></span></div>"
+        "<div id=tl class=tl><canvas id=tl-canvas tabindex=0 role=img aria-label='timeline of every rank'></canvas>"
+        "<div id=tl-tip class=tip hidden></div></div>"
+        "<noscript><p class=warn>The timeline needs JavaScript; every number on it is also in the tables.</p></noscript>"
+        f"<script type=application/json id=tl-data>{_json_for_script(data)}</script>"
+        "</section>"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- heatmap
@@ -399,10 +354,59 @@ def _heatmap(run) -> str:
     return "\n".join(out)
 
 
+# ---------------------------------------------------------------------------------------------------- kernels
+
+
+def _top_kernels(run) -> str:
+    """Kernels by total GPU time: over all ranks, then per rank. Names are cut at 160 characters; the tables are
+    bounded however many distinct names a run has."""
+    k = run.table("kernels").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null())
+    out = ["<section id=kernels><h2>Top kernels by time</h2>"]
+    if k.height == 0:
+        out.append("<p class=note>No GPU kernels in this run.</p></section>")
+        return "\n".join(out)
+    k = k.with_columns(((pl.col("end") - pl.col("ts")) / 1e6).alias("_ms"))
+    total_ms = float(k["_ms"].sum()) or 1.0
+    n_names = k["name"].n_unique()
+    # sums first, the rest only for the top names: a run with a million distinct names stays cheap
+    g = k.group_by("name").agg(pl.col("_ms").sum().alias("ms")).top_k(TOP_KERNELS, by="ms")
+    g = (k.join(g.select("name"), on="name", how="semi").group_by("name")
+         .agg(pl.col("_ms").sum().alias("ms"), pl.len().alias("n"), pl.col("kind").first(), pl.col("rank").n_unique().alias("ranks"))
+         .sort(["ms", "name"], descending=[True, False], nulls_last=True))
+    out.append(f"<p class=note>{k.height:,} kernels, {n_names:,} distinct names, {total_ms:.2f} ms of GPU time over all ranks; "
+               f"the {min(TOP_KERNELS, n_names)} with the most time:</p>")
+    out.append("<table class=grid><thead><tr><th>kernel</th><th>kind</th><th class=num>total ms</th><th class=num>share</th>"
+               "<th class=num>calls</th><th class=num>mean us</th><th class=num>ranks</th></tr></thead><tbody>")
+    for r in g.iter_rows(named=True):
+        out.append(f"<tr><td class=mono title='{e(cut(r['name'], 2000))}'>{e(cut(r['name']))}</td><td>{e(r['kind'])}</td>"
+                   f"<td class=num>{r['ms']:.2f}</td><td class=num>{100 * r['ms'] / total_ms:.1f}%</td><td class=num>{r['n']:,}</td>"
+                   f"<td class=num>{1000 * r['ms'] / max(r['n'], 1):.1f}</td><td class=num>{r['ranks']}</td></tr>")
+    out.append("</tbody></table>")
+    k = k.filter(pl.col("rank").is_not_null())
+    ranks = sorted(k["rank"].unique().to_list())
+    shown = ranks[:MAX_KERNEL_RANKS]
+    if shown:
+        per = (k.filter(pl.col("rank").is_in(shown)).group_by("rank", "name").agg(pl.col("_ms").sum().alias("ms"), pl.len().alias("n"))
+               .with_columns((100 * pl.col("ms") / pl.col("ms").sum().over("rank")).alias("pct"))
+               .filter(pl.col("ms").rank("ordinal", descending=True).over("rank") <= TOP_KERNELS_PER_RANK)
+               .sort(["rank", "ms", "name"], descending=[False, True, False], nulls_last=True))
+        out.append(f"<h3>Per rank (top {TOP_KERNELS_PER_RANK})</h3><table class=grid><thead><tr><th>rank</th><th>kernel</th>"
+                   "<th class=num>ms</th><th class=num>share of the rank</th><th class=num>calls</th></tr></thead><tbody>")
+        for r in per.iter_rows(named=True):
+            out.append(f"<tr><td>{e(r['rank'])}</td><td class=mono title='{e(cut(r['name'], 2000))}'>{e(cut(r['name']))}</td>"
+                       f"<td class=num>{r['ms']:.2f}</td><td class=num>{r['pct']:.1f}%</td><td class=num>{r['n']:,}</td></tr>")
+        out.append("</tbody></table>")
+        if len(ranks) > len(shown):
+            out.append(f"<p class=cut>{len(ranks) - len(shown)} more rank(s) not shown per rank.</p>")
+    out.append("</section>")
+    return "\n".join(out)
+
+
 # ---------------------------------------------------------------------------------------------------- findings
 
 
 def _findings(result: CheckResult, root: Path) -> str:
+    """By severity, the costliest rule first; a finding whose cause is another finding (caused_by) sits under it."""
     out = ["<section id=findings><h2>Findings</h2>"]
     rules = {r.rule.id: r.rule for r in result.results}
     if not result.findings:
@@ -416,47 +420,98 @@ def _findings(result: CheckResult, root: Path) -> str:
         sentence = Text.from_markup(_no_findings(ran, len(result.results) - ran - errored, errored,
                                                  bool(result.run.ranks))).plain
         clean = sentence.startswith("No findings")
-        out.append(f"<p class={'ok' if clean else 'warn'}>{_html.escape(sentence)}</p>")
-    by_rule: dict[str, list] = defaultdict(list)
-    for f in result.findings:
-        by_rule[f.rule].append(f)
-    for rid, fs in by_rule.items():
-        rule = rules.get(rid)
-        f0 = fs[0]
-        out.append(f"<div class=rule><h3><span class='sev {e(f0.severity)}'>{e(f0.severity)}</span> {e(rid)} {e(f0.name)} ({len(fs)})</h3>")
-        if rule is not None:
-            d = rule.docs or {}
-            out.append(f"<p>{e(rule.summary)}</p><details><summary>Why it matters and how to fix it</summary>")
-            out.append(f"<h4>Why it matters</h4><p>{e(_squash(d.get('why')))}</p><h4>How to fix it</h4><p>{e(_squash(d.get('fix')))}</p>")
-            refs = d.get("references") or []
-            if refs:
-                out.append("<h4>References</h4><ul>" + "".join(f"<li>{_ref(x)}</li>" for x in refs) + "</ul>")
-            out.append("</details>")
-        for f in fs:
-            out.append(f"<div class=finding id='f-{e(f.fingerprint)}'><p class=msg>{e(f.message)}</p>")
-            meta = [f"ranks {e(_ranges(f.ranks))}" if f.ranks else "whole run"]
-            if f.step is not None:
-                meta.append(f"step {e(f.step)}")
-            meta.append(f"fingerprint <code>{e(f.fingerprint)}</code>")
-            out.append(f"<p class=meta>{' · '.join(meta)}</p>")
-            if f.evidence:
-                out.append("<table class=kv>" + "".join(f"<tr><th>{e(k)}</th><td>{e(_fmt(v))}</td></tr>" for k, v in f.evidence.items()) + "</table>")
-            if f.sources:
-                rel = []
-                for p in f.sources:
-                    try:
-                        rel.append(str(Path(p).relative_to(root)))
-                    except ValueError:
-                        rel.append(Path(p).name)
-                out.append(f"<p class=meta>from {e(', '.join(rel))}</p>")
+        out.append(f"<p class={'ok' if clean else 'warn'}>{e(sentence)}</p>")
+    findings = result.findings[:MAX_FINDINGS]
+    if len(result.findings) > MAX_FINDINGS:
+        out.append(f"<p class=cut>{len(result.findings) - MAX_FINDINGS:,} more findings not shown; `--format json` lists all.</p>")
+    by_fp = {f.fingerprint: f for f in findings}
+    children: dict[str, list] = defaultdict(list)
+    top = []
+    for f in findings:
+        cause = f.caused_by
+        if cause and cause in by_fp and cause != f.fingerprint and not _is_cycle(f, by_fp):
+            children[cause].append(f)
+        else:
+            top.append(f)
+
+    def cost(f) -> float:
+        return -1.0 if f.cost_ms_per_step is None else float(f.cost_ms_per_step)
+
+    for sev in sorted({f.severity for f in top}, key=lambda s: -SEVERITY_ORDER[s]):
+        by_rule: dict[str, list] = defaultdict(list)
+        for f in top:
+            if f.severity == sev:
+                by_rule[f.rule].append(f)
+        n = sum(len(v) for v in by_rule.values())
+        out.append(f"<h3 class=sevhead><span class='sev {e(sev)}'>{e(sev)}</span> {n} finding(s)</h3>")
+        for rid, fs in sorted(by_rule.items(), key=lambda kv: (-max(cost(f) for f in kv[1]), kv[0])):
+            rule = rules.get(rid)
+            f0 = fs[0]
+            out.append(f"<div class='rule {e(sev)}'><h3>{e(rid)} {e(f0.name)} ({len(fs)})</h3>")
+            if rule is not None:
+                d = rule.docs or {}
+                out.append(f"<p>{e(rule.summary)}</p><details><summary>Why it matters and how to fix it</summary>")
+                out.append(f"<h4>Why it matters</h4><p>{e(_squash(d.get('why')))}</p><h4>How to fix it</h4><p>{e(_squash(d.get('fix')))}</p>")
+                refs = d.get("references") or []
+                if refs:
+                    out.append("<h4>References</h4><ul>" + "".join(f"<li>{_ref(x)}</li>" for x in refs) + "</ul>")
+                out.append("</details>")
+            for f in sorted(fs, key=lambda f: -cost(f)):
+                out.append(_finding(f, root, children, set()))
             out.append("</div>")
-        out.append("</div>")
     skipped = [r for r in result.results if r.status != "ran"]
     if skipped:
         out.append(f"<details><summary>{len(skipped)} rule(s) did not run</summary><ul>")
         out += [f"<li>{e(r.rule.id)} {e(r.rule.name)}: {e(r.status)}: {e(r.reason)}</li>" for r in skipped]
         out.append("</ul></details>")
     out.append("</section>")
+    return "\n".join(out)
+
+
+def _is_cycle(f, by_fp: dict) -> bool:
+    """True where following caused_by from f comes back to f: such findings stay at the top level."""
+    seen, cur = {f.fingerprint}, f.caused_by
+    while cur in by_fp:
+        if cur in seen:
+            return True
+        seen.add(cur)
+        cur = by_fp[cur].caused_by
+    return False
+
+
+def _finding(f, root: Path, children: dict, seen: set) -> str:
+    seen = seen | {f.fingerprint}
+    out = [f"<div class=finding id='f-{e(f.fingerprint)}'><p class=msg>"
+           + (f"<span class='sev {e(f.severity)}'>{e(f.severity)}</span> {e(f.rule)} " if seen and len(seen) > 1 else "")
+           + f"{e(f.message)}</p>"]
+    if f.cost_ms_per_step is not None or f.cost_pct is not None:
+        parts = []
+        if f.cost_ms_per_step is not None:
+            parts.append(f"{float(f.cost_ms_per_step):.2f} ms per step")
+        if f.cost_pct is not None:
+            parts.append(f"{float(f.cost_pct):.1f}% of the step time")
+        out.append(f"<p class=cost>costs {e(', '.join(parts))} (what the run would save without it)</p>")
+    meta = [f"ranks {e(format_ranks(f.ranks))}" if f.ranks else "whole run"]
+    if f.step is not None:
+        meta.append(f"step {e(f.step)}")
+    meta.append(f"fingerprint <code>{e(f.fingerprint)}</code>")
+    meta.append(f"<a href='#timeline' class=show-tl data-fp='{e(f.fingerprint)}'>show on the timeline</a>")
+    out.append(f"<p class=meta>{' · '.join(meta)}</p>")
+    if f.evidence:
+        out.append("<div class=ev>" + "".join(f"<span><b>{e(k)}</b> {e(_fmt(v))}</span>" for k, v in f.evidence.items()) + "</div>")
+    if f.sources:
+        rel = []
+        for p in f.sources:
+            try:
+                rel.append(str(Path(p).relative_to(root)))
+            except ValueError:
+                rel.append(Path(p).name)
+        out.append(f"<p class=meta>from {e(', '.join(rel))}</p>")
+    kids = [c for c in children.get(f.fingerprint, []) if c.fingerprint not in seen]
+    if kids:
+        out.append(f"<p class=caused>{len(kids)} consequence(s) of this finding:</p>")
+        out += [_finding(c, root, children, seen) for c in kids]
+    out.append("</div>")
     return "\n".join(out)
 
 
@@ -497,39 +552,21 @@ def _ranges(ranks) -> str:
     return format_ranks(ranks)
 
 
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;max-width:1200px}
-h1{font-size:22px}h1 .dim{font-weight:normal;color:#666;font-size:14px}h2{margin-top:32px;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 8px;text-align:left;vertical-align:top}
-table.grid td,table.grid th{border-bottom:1px solid #eee}table.grid th{background:#f6f6f6}
-table.kv th{color:#555;font-weight:600;padding-right:16px}
-.sev{display:inline-block;padding:0 6px;border-radius:3px;color:#fff;font-size:12px}
-.sev.error{background:#c0392b}.sev.warning{background:#d68910}.sev.info{background:#2e86c1}
-.st-error td{color:#c0392b}.st-skipped td{color:#888}.st-partial td{color:#b9770e}
-.note{color:#555}.ok{color:#1e8449}.warn{color:#b9770e}.notes{color:#555}
-.sw{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;vertical-align:middle}
-.scroll{overflow-x:auto}svg text{font:11px system-ui,sans-serif;fill:#333}svg text.rk{font-weight:600}
-svg text.ln{fill:#666;font-size:10px}svg text.tk{fill:#666;font-size:10px}svg text.mk{font-size:10px;fill:#a04000}
-td.bar{padding:2px 8px}
-.rule{margin:16px 0;padding:8px 12px;border-left:4px solid #ddd}.finding{margin:8px 0 8px 8px;padding:6px 10px;background:#fafafa}
-.finding:target{outline:2px solid #d68910}.msg{margin:0 0 4px 0}.meta{color:#666;font-size:12px;margin:2px 0}
-code{font-size:12px}footer{margin-top:40px;color:#888;font-size:12px}
-"""
-
 _PAGE = """<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src {csp}">
 <meta name="referrer" content="no-referrer">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title}</title>
 <style>{css}</style>
 </head>
 <body>
-<nav><a href="#overview">run</a> · <a href="#breakdown">breakdown</a> · <a href="#timeline">timeline</a> · <a href="#waits">collective waits</a> · <a href="#findings">findings</a></nav>
+<nav><a href="#overview">run</a> · <a href="#steps">steps</a> · <a href="#breakdown">breakdown</a> · <a href="#timeline">timeline</a> · <a href="#waits">collective waits</a> · <a href="#kernels">kernels</a> · <a href="#compile">torch.compile</a> · <a href="#findings">findings</a></nav>
 {body}
 <footer>traceql {version}. Self-contained: this page loads nothing from the network.</footer>
+<script>{script}</script>
 </body>
 </html>
 """

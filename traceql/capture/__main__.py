@@ -1,3 +1,0 @@
-from traceql.cli.capture import capture_group
-
-capture_group()

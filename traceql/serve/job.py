@@ -1,0 +1,39 @@
+"""One job, in its own process: `python -m traceql.serve.job UPLOAD OUTDIR`.
+
+The check of the upload as `traceql check UPLOAD` does it (the same pipeline, renderers and exit status, per-source
+budgets included), read once and written four ways: report.html, report.json, report.sarif and trace.json.gz (the
+annotated trace, where the run has trace events). Running `traceql check` three times and `traceql annotate` once
+would ingest the upload four times. The last line of stderr is the reason the queue records when it fails."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def main(upload: Path, out: Path) -> int:
+    from traceql import pipeline
+    from traceql.cli._common import EXIT_USAGE, _say
+    from traceql.cli.check import _render, _verdict
+    from traceql.rules.config import ConfigError, load_config
+
+    try:
+        # the service's configuration is the default pack; a config file inside the upload is never read
+        result = pipeline.check(upload, config=load_config(None), progress=False)
+    except (ConfigError, pipeline.NothingToAnalyse) as e:
+        _say(str(e))
+        return EXIT_USAGE
+    for fmt, name in (("json", "report.json"), ("sarif", "report.sarif"), ("html", "report.html")):
+        tmp = out / (name + ".tmp")
+        tmp.write_text(_render(result, fmt, color=False, verbose=False), encoding="utf-8")
+        tmp.replace(out / name)  # a report is there whole or not at all
+    code = _verdict(result, upload, "warning")
+    if code != EXIT_USAGE and (result.run.table("kernels").height or result.run.table("host_ops").height):
+        from traceql.report.annotate import write
+
+        write(result, out / "trace.json.gz", host=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]), Path(sys.argv[2])))
