@@ -271,7 +271,7 @@ def test_a_source_error_is_one_line_even_with_a_newline_in_its_name(tmp_path):
     with gzip.open(DEMO / "rank1.pt.trace.json.gz", "rb") as f:
         head = f.read()[:300]  # the header only: cut before the first complete event
     (d / "rank1\nforged line.pt.trace.json").write_bytes(head)
-    r = run_cli("check", d, "--fail-on", "never")
+    r = run_cli("check", d, "--fail-on", "never", "--width", "400")  # wide: the entry is not wrapped
     assert r.exit_code == 0, r.output
     errs = [ln for ln in r.stdout.splitlines() if ln.strip().startswith("error")]
     assert len(errs) == 1 and "rank1\\nforged line.pt.trace.json" in errs[0] and "no complete trace event" in errs[0]

@@ -38,7 +38,8 @@ def load_run(path: Path, use_cache: bool = True, jobs: int | None = None, progre
 def _load(path: Path, sources, use_cache: bool, jobs: int | None, progress: bool) -> Run:
     bar = _progress(sources) if progress else None
     try:
-        run = ingest(path, sources, use_cache=use_cache, jobs=jobs, progress=bar.advance if bar else None)
+        run = ingest(path, sources, use_cache=use_cache, jobs=jobs, progress=bar.advance if bar else None,
+                     read_progress=bar.reading if bar else None)
     finally:
         if bar:
             bar.close()
@@ -121,12 +122,22 @@ class _Bar:
     def advance(self, source):
         self.p.update(self.task, advance=1, description=source.path.name)
 
+    def reading(self, source, done: int, total: int):
+        """Bytes read of one large file (from the ingest worker), as the description: '1.2 of 3.4 GB'."""
+        unit, div = ("GB", 1 << 30) if total >= 1 << 30 else ("MB", 1 << 20)
+        self.p.update(self.task, description=f"{source.path.name}: {done / div:.1f} of {total / div:.1f} {unit} read")
+
     def close(self):
         self.p.stop()
 
 
+READ_PROGRESS_MIN_BYTES = 64 << 20  # one source this large takes seconds: show its bytes read
+
+
 def _progress(sources):
     todo = [s for s in sources if s.status in ("ok", "partial")]
-    if len(todo) < 2 or not sys.stderr.isatty():
+    if not sys.stderr.isatty() or not todo:
+        return None
+    if len(todo) < 2 and not any(s.path.is_file() and s.path.stat().st_size >= READ_PROGRESS_MIN_BYTES for s in todo):
         return None
     return _Bar(len(todo))

@@ -14,7 +14,7 @@ from traceql.capture.scenarios import SCENARIOS
 
 
 def _run_options(f):
-    f = click.option("--out", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
+    f = click.option("--out", "out", required=True, type=click.Path(path_type=Path),
                      help="Run dir to write (must be new or empty; see --force).")(f)
     f = click.option("--ranks", type=click.IntRange(1, 64), default=None,
                      help="Rank processes to launch (default: the scenario's).")(f)
@@ -31,12 +31,18 @@ def _run_options(f):
 
 def _do_run(scenario, out, ranks, steps, backend, nsys, timeout_s, force):
     from traceql.capture.runner import CaptureError, capture
+    from traceql.cli._common import _fail
 
+    if out.exists() and not out.is_dir():
+        _fail(f"--out {out}: is a file; capture writes a run folder there: name a new folder")
     try:
         res = capture(scenario, out, ranks=ranks, steps=steps, backend=backend, nsys=nsys, timeout_s=timeout_s,
                       force=force, log=lambda m: click.echo(m, err=True))
     except CaptureError as e:
         raise click.ClickException(str(e)) from None
+    except OSError as e:  # the folder cannot be made or written (a file on the way, no permission, a full disk)
+        _fail(f"--out {out}: cannot write the run there: {e.strerror or e}")
+        return
     codes = res.exit_codes
     click.echo(f"{scenario}: wrote {out} ({res.manifest['ranks']} ranks, exit codes {codes}, "
                f"{res.manifest['duration_s']}s)")

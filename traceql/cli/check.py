@@ -8,7 +8,19 @@ from pathlib import Path
 import click
 
 from traceql.cli import main
-from traceql.cli._common import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, _fail, _say
+from traceql.cli._common import (
+    EXIT_FINDINGS,
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_USAGE,
+    _check_out,
+    _color,
+    _fail,
+    _say,
+    _width,
+    _write_out,
+    text_options,
+)
 
 
 def _csv(values: tuple[str, ...]) -> list[str]:
@@ -34,7 +46,8 @@ def _csv(values: tuple[str, ...]) -> list[str]:
                    "cluster of processes); needs the [dask] extra. Only small tables come back to this process.")
 @click.option("--verbose", "-v", is_flag=True, help="List every source and every rule that did not run.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
-def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_path, trust_run_config, baseline, no_cache, jobs, scheduler, verbose, quiet):
+@text_options
+def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_path, trust_run_config, baseline, no_cache, jobs, scheduler, verbose, quiet, width, color):
     """Analyse RUN_DIR (a run directory or a single file) and report findings.
 
     Exit status: 0 no finding at or above --fail-on, 1 at least one, 2 bad usage or configuration, or nothing could
@@ -52,8 +65,7 @@ def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_p
     if scheduler and fmt == "html":
         _fail("--format html draws every rank's kernels, which stay on the Dask workers with --scheduler; "
               "render the HTML report without --scheduler")
-    if out is not None:
-        _check_out(out)
+    _check_out(out)
     try:
         config = load_config(_config_path(run_dir, config_path, trust_run_config))
         suppress = _baseline(baseline) if baseline else None
@@ -71,28 +83,13 @@ def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_p
     except Exception as e:  # an internal error must not pass as a clean (or a usage) exit
         _internal(e)
         return
-    text = _render(result, fmt, color=out is None and sys.stdout.isatty(), verbose=verbose)
+    colored = _color(color, to_file=out is not None)
+    text = _render(result, fmt, color=colored, verbose=verbose, width=_width(width, to_file=out is not None))
     if out:
-        try:
-            out.write_text(text, encoding="utf-8")
-        except OSError as e:  # checked before the run; still possible (the disk filled, the folder went away)
-            _fail(f"{out}: cannot write the report: {e.strerror or e}; choose another --out")
-    else:
-        click.echo(text, nl=not text.endswith("\n"))
+        _write_out(out, text)
+    else:  # click strips colour codes off a terminal unless told: --color always means always
+        click.echo(text, nl=not text.endswith("\n"), color=colored)
     sys.exit(_verdict(result, run_dir, fail_on or config.fail_on))
-
-
-def _check_out(out: Path) -> None:
-    """Refuse an --out that cannot be written before reading the run (minutes on a large one), exit 2."""
-    import os
-
-    parent = out.parent if str(out.parent) else Path(".")
-    if out.is_dir():
-        _fail(f"{out}: --out is a folder; name a file in it, e.g. {out / 'report.txt'}")
-    if not parent.is_dir():
-        _fail(f"{out}: --out's folder {parent} does not exist; create it or choose another path")
-    if not os.access(parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        _fail(f"{out}: --out cannot be written (permission denied); choose another path")
 
 
 def _config_path(run_dir: Path, given: Path | None, trust: bool) -> Path | None:
@@ -163,7 +160,7 @@ def _baseline(path: Path) -> set[str]:
         return set()
 
 
-def _render(result, fmt: str, color: bool, verbose: bool) -> str:
+def _render(result, fmt: str, color: bool, verbose: bool, width: int | None = None) -> str:
     if fmt == "json":
         from traceql.report import json as r
         return r.render(result)
@@ -174,7 +171,7 @@ def _render(result, fmt: str, color: bool, verbose: bool) -> str:
         from traceql.report import html as r
         return r.render(result)
     from traceql.report import text as r
-    return r.render(result, color=color, verbose=verbose)
+    return r.render(result, color=color, verbose=verbose, width=width)
 
 
 @main.command()
@@ -182,7 +179,8 @@ def _render(result, fmt: str, color: bool, verbose: bool) -> str:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--no-cache", is_flag=True)
 @click.option("--quiet", "-q", is_flag=True)
-def summary(run_dir, fmt, no_cache, quiet):
+@text_options
+def summary(run_dir, fmt, no_cache, quiet, width, color):
     """Per-rank step time, compute, communication, overlap and idle time."""
     import orjson
 
@@ -217,4 +215,5 @@ def summary(run_dir, fmt, no_cache, quiet):
     t = Table("rank", *heads)
     for rank, row in data["ranks"].items():
         t.add_row(rank, *["-" if row[c] is None else str(row[c]) for c in cols])
-    Console(width=160).print(t)
+    # the table wraps its headers and cells to the width; colour as for check
+    Console(width=_width(width) or 160, force_terminal=_color(color), no_color=not _color(color), highlight=False).print(t)

@@ -226,6 +226,25 @@ def _start_thread_pool() -> None:
 
 
 _IN_WORKER = False  # set by _worker
+_CONN = None  # the worker's connection to its parent, for progress messages
+_SEND_LOCK = None  # progress may come from a reader's thread (gzip inflates in one): one send at a time
+_PROGRESS_EVERY_S = 0.25
+_last_progress = 0.0
+
+
+def report_progress(done: int, total: int) -> None:
+    """An importer's position in the file it reads (bytes of `total`): sent to the parent at most every 0.25 s, which
+    shows it for a long single-file read. A no-op outside a worker."""
+    global _last_progress
+    now = time.monotonic()
+    if _CONN is None or now - _last_progress < _PROGRESS_EVERY_S:
+        return
+    _last_progress = now
+    try:
+        with _SEND_LOCK:
+            _CONN.send(("progress", int(done), int(total)))
+    except (OSError, ValueError):
+        pass  # the parent is gone or stopped listening: the read goes on
 
 _AS_BEFORE: list[int] = []  # the soft limits that _set_as_limit(extra) replaced, restored by _set_as_limit(None)
 
@@ -252,6 +271,9 @@ def _worker(conn, threads: str | None = None) -> None:
     import traceql.ingest.budget as this  # run as __main__, this file is also imported under its name: flag that one
 
     this._IN_WORKER = True
+    import threading
+
+    this._CONN, this._SEND_LOCK = conn, threading.Lock()
     # Nothing a worker prints may reach the command's output (a JSON or SARIF report on stdout) or its stderr (Rust's
     # "memory allocation failed" and backtrace at the limit): each source comes back with its one-line reason.
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -278,6 +300,7 @@ def _worker(conn, threads: str | None = None) -> None:
         for k in [k for k in os.environ if k.startswith("TRACEQL_") and k not in env]:
             del os.environ[k]
         os.environ.update(env)
+        this._last_progress = 0.0  # a new read: its first position goes out at once
         try:
             out = _ingest_one(source, use_cache, budget)
         except BaseException as e:  # whatever escapes the importer, the parent gets a reason, not a dead pipe
@@ -285,7 +308,9 @@ def _worker(conn, threads: str | None = None) -> None:
             source.detail = (budget.memory_reason(source.path) if out_of_memory(e) else
                              f"internal error reading it ({type(e).__name__}: {e}); please report it with the file")
             out = (source, {})
-        conn.send((out[0], _pack(out[1], inline_max)))
+        packed = (out[0], _pack(out[1], inline_max))
+        with this._SEND_LOCK:
+            conn.send(packed)
         if out[0].status == "error" and out[0].detail == budget.memory_reason(source.path):
             return  # after an allocation failure the heap may be in any state: a fresh worker reads the next one
 
@@ -431,8 +456,9 @@ class Pool:
             w.kill()
         self.idle = []
 
-    def run(self, tasks: list[tuple[Source, bool, Budget]], workers: int, inline_max: int = INLINE_MAX_BYTES):
-        """Yield (source, tables) for every task, each read under its budget. Largest first: better packing."""
+    def run(self, tasks: list[tuple[Source, bool, Budget]], workers: int, inline_max: int = INLINE_MAX_BYTES, on_progress=None):
+        """Yield (source, tables) for every task, each read under its budget. Largest first: better packing.
+        on_progress(source, done, total): a worker's position in the file it reads (see report_progress)."""
         from multiprocessing.connection import wait
 
         pending = sorted(tasks, key=lambda t: -t[2].est)
@@ -469,6 +495,10 @@ class Pool:
                         if msg == "ready":
                             w.ready = True
                             w.fresh_rss = _rss_anon(w.proc.pid)
+                            continue
+                        if isinstance(msg, tuple) and len(msg) == 3 and msg[0] == "progress":
+                            if on_progress is not None and w.task:
+                                on_progress(w.task[0], msg[1], msg[2])
                             continue
                         if msg is not None and w.task:
                             budget = w.task[1]

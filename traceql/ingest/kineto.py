@@ -60,6 +60,7 @@ except ImportError:  # pragma: no cover - depends on the build
     _kscan = None
 
 from traceql.ingest import IngestError, _kineto_coll
+from traceql.ingest.budget import report_progress
 from traceql.ingest.collective_names import ANNOTATION as _ANNOT
 from traceql.ingest.collective_names import arg_int as _int1
 from traceql.ingest.kernel_names import comm_kernel_expr, kernel_collective_expr, runtime_kind_expr
@@ -1025,11 +1026,13 @@ def _gunzipped(f, notes: list, size: int):
     """Decompressed blocks of a gzip stream; a broken stream ends them with a note."""
     d = _inflate.decompressobj(16 + zlib.MAX_WBITS)
     pos = 0
+    total = os.fstat(f.fileno()).st_size
     while not d.eof:
         raw = f.read(1 << 20)
         if not raw:
             break
         pos += len(raw)
+        report_progress(pos, total)
         while raw:
             try:
                 out = d.decompress(raw, size)
@@ -1351,6 +1354,7 @@ def _scan_mapped(mm, size: int, source: Source) -> tuple[dict, _Acc]:
 
     def take(lo: int, hi: int) -> int:
         """The events in mm[lo:hi] (whole events and the commas between them)."""
+        report_progress(hi, size)
         got = acc.feed(mm, hi, lo, True, n)
         if got is None:  # declined: msgspec's path, on a copy made a JSON list
             buf = bytearray(b"[") + mm[lo:hi] + b"]"

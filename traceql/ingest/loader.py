@@ -105,17 +105,20 @@ def _size(s: Source) -> int:
         return 0
 
 
-def ingest(run_path: Path, sources: list[Source], use_cache: bool = True, jobs: int | None = None, progress=None) -> Run:
+def ingest(run_path: Path, sources: list[Source], use_cache: bool = True, jobs: int | None = None, progress=None,
+           read_progress=None) -> Run:
+    """Read every source into the canonical tables. progress(source) after each source; read_progress(source, done,
+    total) while a worker reads a large file (its position in bytes)."""
     if use_cache:
         cache.begin_run()
-    run = _ingest(run_path, sources, use_cache, jobs, progress)
+    run = _ingest(run_path, sources, use_cache, jobs, progress, read_progress)
     note = cache.over_cap_note() if use_cache else None
     if note:
         run.notes.append(note)
     return run
 
 
-def _ingest(run_path: Path, sources: list[Source], use_cache: bool, jobs: int | None, progress) -> Run:
+def _ingest(run_path: Path, sources: list[Source], use_cache: bool, jobs: int | None, progress, read_progress=None) -> Run:
     todo = [s for s in sources if s.status in ("ok", "partial")]
     results: list[tuple[Source, dict]] = []
     for s in list(todo):
@@ -165,7 +168,7 @@ def _ingest(run_path: Path, sources: list[Source], use_cache: bool, jobs: int | 
             done_iter = (budget.run_here(_ingest_one, s, uc, lim) for s, uc, lim in tasks)
         else:
             workers = jobs if total >= PARALLEL_MIN_BYTES else 1  # one worker for small runs: one start, not many
-            done_iter = budget.pool().run(tasks, max(1, workers))
+            done_iter = budget.pool().run(tasks, max(1, workers), on_progress=read_progress)
         for src, tables in done_iter:
             key = keys.get(src.id)
             if key is not None and src.status in ("ok", "partial"):

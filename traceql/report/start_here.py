@@ -88,17 +88,3 @@ def start_here(result, esc) -> list[str]:
                      + (f" ({f.cost_pct:.0f}%)" if f.cost_pct is not None else "") + f"{explains}. "
                      + esc(first_sentence(fixes.get(f.rule, ""))))
     return lines
-
-
-def finding_lines(f, kids: dict[str, list], esc, depth: int = 1, seen: set[str] | None = None) -> list[str]:
-    """The finding's line, then its consequences indented under it (each printed once)."""
-    seen = set() if seen is None else seen
-    seen.add(f.fingerprint)
-    pad = "  " * depth
-    head = f"{pad}- {esc(f.message)}{cost_text(f)}" if depth == 1 else \
-        f"{pad}- [dim]caused by the above:[/] {esc(f.rule)} {esc(f.message)}{cost_text(f)}"
-    out = [head]
-    for k in kids.get(f.fingerprint, []):
-        if k.fingerprint not in seen:
-            out += finding_lines(k, kids, esc, depth + 1, seen)
-    return out

@@ -1,11 +1,18 @@
-"""Text report for people: sources, then findings grouped by rule, coloured on a terminal, plain in a log."""
+"""Text report for people: sources, then findings grouped by rule, coloured on a terminal, plain in a log.
+
+Lines are wrapped at `width` by words, continuation lines indented under their text; a token longer than the line
+(a kernel name, a path) is kept whole rather than cut, so it can be searched and copied.
+"""
 
 from __future__ import annotations
 
 import io
+import re
+import textwrap
 
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from traceql.model.ranks import format_ranks
 from traceql.model.text_safety import visible
@@ -16,17 +23,40 @@ _STATUS = {"ok": "green", "partial": "yellow", "skipped": "dim", "error": "red"}
 
 
 def _t(text) -> str:
-    """Input-derived text for the console: control characters shown as escapes, then rich markup escaped."""
-    return escape(visible(text))
+    """Input-derived text as rich markup (the Start here lines are built as markup): control characters shown as
+    escapes, then markup escaped."""
+    return escape(visible(str(text)))
 
 
-def render(result: CheckResult, color: bool = False, verbose: bool = False, width: int = 120) -> str:
+def _wrap(con: Console, width: int | None, head: str, text: str, style: str = "", indent: int | None = None) -> None:
+    """Print `head` + `text` wrapped at `width` (None: one line): `head` (plain, e.g. "  - ") styled with `style`,
+    continuation lines indented by `indent` (default: under the text). Input-derived text is made visible and
+    markup-escaped here."""
+    rest = " " * (len(head) if indent is None else indent)
+    if width is None:
+        lines = [head + visible(text)]
+    else:
+        lines = textwrap.wrap(visible(text), width=width, initial_indent=head, subsequent_indent=rest,
+                              break_long_words=False, break_on_hyphens=False) or [head.rstrip()]
+    for i, line in enumerate(lines):
+        if style and not head.strip():  # no head: the whole text carries the style ("No findings" in green)
+            con.print(f"[{style}]{escape(line)}[/]")
+        elif i == 0 and style:
+            con.print(f"[{style}]{escape(head)}[/]{escape(line[len(head):])}")
+        else:
+            con.print(escape(line))
+
+
+def render(result: CheckResult, color: bool = False, verbose: bool = False, width: int | None = None) -> str:
+    """The report as text; width None: one line per entry (logs, grep), else wrapped at `width` columns."""
     buf = io.StringIO()
-    con = Console(file=buf, force_terminal=color, no_color=not color, width=width, highlight=False, soft_wrap=True)
+    # soft_wrap: lines are wrapped here (_wrap), by words; rich would cut long tokens mid-word
+    con = Console(file=buf, force_terminal=color, no_color=not color, width=width or 120, highlight=False, soft_wrap=True)
     run = result.run
     root = run.path if run.path.is_dir() else run.path.parent
     ranks = run.ranks
-    con.print(f"[bold]traceql check[/] {_t(run.path)}: {len(ranks)} rank(s) {escape(_ranges(ranks))}, {len(run.sources)} source(s)")
+    _wrap(con, width, "traceql check ", f"{run.path}: {len(ranks)} rank(s){' ' + _ranges(ranks) if ranks else ''}, "
+          f"{len(run.sources)} source(s)", "bold", indent=2)
     # links not followed and empty traces stay visible: each may be an input the user meant, and it was not read
     quiet_skips = [s for s in run.sources if s.status == "skipped" and s.kind in ("unknown", "manifest")
                    and not s.meta.get("shown")]
@@ -37,30 +67,37 @@ def render(result: CheckResult, color: bool = False, verbose: bool = False, widt
             continue
         j = s.to_json(root)
         rank = f" rank {j['rank']}" if j["rank"] is not None else ""
-        con.print(f"  [{_STATUS[s.status]}]{s.status:8}[/] {_t(j['path'])} ({s.kind}{rank}){': ' + _t(s.detail) if s.detail else ''}")
+        _wrap(con, width, f"  {s.status:8} ", f"{j['path']} ({s.kind}{rank}){': ' + s.detail if s.detail else ''}", _STATUS[s.status])
     ok = sum(1 for s in run.sources if s.status == "ok" and (verbose or not s.rank_origin.startswith("assumed")))
     if not verbose and ok:
-        con.print(f"  [green]ok[/]       {ok} source(s) read fully")
+        _wrap(con, width, "  ok       ", f"{ok} source(s) read fully", "green")
     if quiet_skips and not verbose:
-        con.print(f"  [dim]skipped  {len(quiet_skips)} other file(s): not traceql inputs (-v lists them)[/]")
+        _wrap(con, width, "  skipped  ", f"{len(quiet_skips)} other file(s): not traceql inputs (-v lists them)", "dim")
     skipped = [r for r in result.results if r.status != "ran"]
     if skipped and verbose:
         con.print("[dim]rules not run:[/]")
         for r in skipped:
-            con.print(f"  [dim]{r.rule.id} {_t(r.rule.name)}: {_t(r.reason)}[/]")
+            _wrap(con, width, f"  {r.rule.id} ", f"{r.rule.name}: {r.reason}", "dim")
     errors = [r for r in result.results if r.status == "error"]
     for r in errors:
-        con.print(f"  [red]rule error[/] {r.rule.id}: {_t(r.reason)}")
+        _wrap(con, width, "  rule error ", f"{r.rule.id}: {r.reason}", "red")
     con.print()
     ran = sum(1 for r in result.results if r.status == "ran")
     not_run = len(skipped) - len(errors)
     if not result.findings:
-        con.print(_no_findings(ran, not_run, len(errors), bool(ranks)))
+        # one sentence (shared with the HTML report, as markup): wrapped as plain text, in its first style
+        sentence = Text.from_markup(_no_findings(ran, not_run, len(errors), bool(ranks)))
+        _wrap(con, width, "", sentence.plain, str(sentence.spans[0].style) if sentence.spans else "")
         return buf.getvalue()
     from traceql.report import start_here
 
-    for line in start_here.start_here(result, _t) + [""] * bool(start_here.start_here(result, _t)):
-        con.print(line)
+    top = start_here.start_here(result, _t)
+    for i, line in enumerate(top):
+        plain = Text.from_markup(line).plain
+        head = re.match(r"\s*(\d+\.\s)?", plain).group(0)
+        _wrap(con, width, head, plain[len(head):], "bold" if i == 0 else "", indent=len(head) + 3 * (i > 0))
+    if top:
+        con.print()
     # consequences are printed under their cause, not again under their own rule
     kids = start_here.children(result.findings)
     by_rule: dict[str, list] = {}
@@ -68,21 +105,37 @@ def render(result: CheckResult, color: bool = False, verbose: bool = False, widt
         by_rule.setdefault(f.rule, []).append(f)
     for rid, fs in by_rule.items():
         f0 = fs[0]
-        con.print(f"[{_STYLE[f0.severity]}]{f0.severity}[/] [bold]{_t(rid)}[/] {_t(f0.name)} ({len(fs)})")
+        _wrap(con, width, f"{f0.severity} ", f"{rid} {f0.name} ({len(fs)})", _STYLE[f0.severity], indent=2)
         for f in fs[:20]:
-            for line in start_here.finding_lines(f, kids, _t):
-                con.print(line)
+            _finding(con, width, f, kids)
         if len(fs) > 20:
-            con.print(f"  ... {len(fs) - 20} more (use --format json for all)")
+            _wrap(con, width, "  ... ", f"{len(fs) - 20} more (use --format json for all)")
     counts = {s: sum(1 for f in result.findings if f.severity == s) for s in ("error", "warning", "info")}
     con.print()
-    con.print(
+    _wrap(con, width, "", (
         f"{len(result.findings)} finding(s): {counts['error']} error, {counts['warning']} warning, {counts['info']} info"
         + (f"; {result.suppressed} suppressed" if result.suppressed else "")
-        + (f"; [red]{len(errors)} rule(s) failed[/] (listed above), so this report is incomplete" if errors else "")
+        + (f"; {len(errors)} rule(s) failed (listed above), so this report is incomplete" if errors else "")
         + ". `traceql rules explain ID` says why each matters and how to fix it."
-    )
+    ))
     return buf.getvalue()
+
+
+def _finding(con: Console, width: int | None, f, kids: dict, depth: int = 1, seen: set | None = None) -> None:
+    """The finding's line, then the findings its cause explains indented under it (each printed once)."""
+    from traceql.report.start_here import cost_text
+
+    seen = set() if seen is None else seen
+    seen.add(f.fingerprint)
+    pad = "  " * depth
+    if depth == 1:
+        _wrap(con, width, f"{pad}- ", f.message + cost_text(f))
+    else:
+        _wrap(con, width, f"{pad}- caused by the above: ", f"{f.rule} {f.message}{cost_text(f)}", "dim",
+              indent=len(pad) + 2)
+    for k in kids.get(f.fingerprint, []):
+        if k.fingerprint not in seen:
+            _finding(con, width, k, kids, depth + 1, seen)
 
 
 def _no_findings(ran: int, not_run: int, errored: int, any_rank: bool) -> str:
