@@ -95,7 +95,7 @@ def render(result: CheckResult, color: bool = False, verbose: bool = False, widt
     for i, line in enumerate(top):
         plain = Text.from_markup(line).plain
         head = re.match(r"\s*(\d+\.\s)?", plain).group(0)
-        _wrap(con, width, head, plain[len(head):], "bold" if i == 0 else "", indent=len(head) + 3 * (i > 0))
+        _wrap(con, width, head, plain[len(head):], "bold" if i == 0 else "", indent=len(head))
     if top:
         con.print()
     # consequences are printed under their cause, not again under their own rule
