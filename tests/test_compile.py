@@ -279,7 +279,7 @@ def test_fixture_manifest(name):
 
 def test_rules_fire_and_stay_quiet_on_their_fixtures():
     from traceql.rules.loader import load_rules
-    from traceql.rules.testing import test_rules
+    from traceql.rule_tests import test_rules
 
     files = _rule_files()
     assert len(files) == 5

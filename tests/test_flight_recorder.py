@@ -108,7 +108,7 @@ def test_fr_group_members_from_the_dumps():
 
 def test_tql6_rules_fire_and_stay_quiet_on_their_fixtures():
     from traceql.rules.loader import load_rules
-    from traceql.rules.testing import test_rules
+    from traceql.rule_tests import test_rules
 
     rules = [r for r in load_rules([REPO / "rules"]) if r.id.startswith("TQL6")]
     assert len(rules) == 3

@@ -329,7 +329,7 @@ def test_root_cause_skips_the_detector():
 
 def test_tql5_rules_fire_and_stay_quiet_on_their_fixtures():
     from traceql.rules.loader import load_rules
-    from traceql.rules.testing import test_rules
+    from traceql.rule_tests import test_rules
 
     rules = [r for r in load_rules([REPO / "rules"]) if r.id.startswith("TQL5")]
     assert len(rules) == 18

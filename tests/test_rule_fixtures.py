@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from traceql.rules.loader import default_rules_dir, load_rules
-from traceql.rules.testing import test_rules as run_fixture_tests
+from traceql.rule_tests import test_rules as run_fixture_tests
 
 RULES = load_rules()
 

@@ -79,7 +79,7 @@ def test_an_info_finding_fails_a_quiet_fixture(tmp_path):
 def test_each_fixture_is_loaded_and_evaluated_once(monkeypatch):
     import traceql.pipeline as pipeline
     from traceql.rules import engine
-    from traceql.rules.testing import test_rules
+    from traceql.rule_tests import test_rules
 
     loads, evals = [], []
     real_load, real_run = pipeline.load_run, engine.run_rules

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import re
 import zlib
 from pathlib import Path
@@ -221,10 +220,3 @@ def _is_loop(p: Path) -> bool:
         return e.errno == 40  # ELOOP
     except RuntimeError:
         return True
-
-
-def open_maybe_gzip(path: Path):
-    """A binary file object over the file's content, gunzipping transparently."""
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")

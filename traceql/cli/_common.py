@@ -6,8 +6,7 @@ import sys
 
 import click
 
-# (nothing analysable included), 3 a rule or internal error (the report is incomplete).
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+from traceql.exit_codes import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE  # noqa: F401  (the contract)
 
 
 def _say(msg: str) -> None:

@@ -9,9 +9,7 @@ import click
 
 from traceql.cli import main
 from traceql.cli._common import (
-    EXIT_FINDINGS,
     EXIT_INTERNAL,
-    EXIT_OK,
     EXIT_USAGE,
     _check_out,
     _color,
@@ -84,7 +82,9 @@ def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_p
         _internal(e)
         return
     colored = _color(color, to_file=out is not None)
-    text = _render(result, fmt, color=colored, verbose=verbose, width=_width(width, to_file=out is not None))
+    from traceql.report import render
+
+    text = render(result, fmt, color=colored, verbose=verbose, width=_width(width, to_file=out is not None))
     if out:
         _write_out(out, text)
     else:  # click strips colour codes off a terminal unless told: --color always means always
@@ -119,34 +119,11 @@ def _internal(e: Exception) -> None:
 
 
 def _verdict(result, run_dir: Path, level: str) -> int:
-    """The exit status of a rendered check, with a one-line reason on stderr for 2 and 3."""
-    run = result.run
-    broken = [s for s in run.sources if s.meta.get("internal_error")]
-    if broken:
-        _say(f"{len(broken)} source(s) hit an internal error of traceql ({', '.join(s.path.name for s in broken[:3])}): "
-             "the report is incomplete; please report it with the file")
-        return EXIT_INTERNAL
-    analysed = [s for s in run.sources if s.status in ("ok", "partial")]
-    if not analysed:
-        _say(f"nothing could be analysed in {run_dir}: no readable input (see the sources listed above); point traceql "
-             "at a run dir holding Kineto traces, nsys SQLite exports, TORCH_TRACE logs, NCCL logs or Flight Recorder dumps")
-        return EXIT_USAGE
-    if not run.ranks:
-        _say(f"no rank analysed in {run_dir}: {len(analysed)} source(s) read, none attributable to a rank; name the files "
-             "after their rank (rank0.pt.trace.json.gz, rank1.log) and check again")
-        return EXIT_USAGE
-    errors = [r for r in result.results if r.status == "error"]
-    if errors:
-        _say(f"{len(errors)} rule(s) failed ({', '.join(r.rule.id for r in errors)}): the report is incomplete; "
-             "see the rule errors above (or in the report)")
-        return EXIT_INTERNAL
-    if level != "never":
-        from traceql.model import SEVERITY_ORDER
-
-        worst = result.worst()
-        if worst is not None and SEVERITY_ORDER[worst] >= SEVERITY_ORDER[level]:
-            return EXIT_FINDINGS
-    return EXIT_OK
+    """The exit status of a rendered check, with its one-line reason on stderr for 2 and 3."""
+    code, reason = result.verdict(run_dir, level)
+    if reason:
+        _say(reason)
+    return code
 
 
 def _baseline(path: Path) -> set[str]:
@@ -158,20 +135,6 @@ def _baseline(path: Path) -> set[str]:
     except (OSError, orjson.JSONDecodeError, AttributeError, TypeError) as e:
         _fail(f"{path}: not a traceql --format json report ({e}); write one with `traceql check RUN --format json --out FILE`")
         return set()
-
-
-def _render(result, fmt: str, color: bool, verbose: bool, width: int | None = None) -> str:
-    if fmt == "json":
-        from traceql.report import json as r
-        return r.render(result)
-    if fmt == "sarif":
-        from traceql.report import sarif as r
-        return r.render(result)
-    if fmt == "html":
-        from traceql.report import html as r
-        return r.render(result)
-    from traceql.report import text as r
-    return r.render(result, color=color, verbose=verbose, width=width)
 
 
 @main.command()

@@ -155,7 +155,7 @@ def rules_test(rule_ids, rules_dirs, root, update):
     """Run each rule on its fixtures (those that must fire, those that must stay quiet) and compare the findings
     with the rule's snapshot; exit 1 on any failure or drift."""
     from traceql.rules.loader import RuleError, default_rules_dir, load_rules, matches
-    from traceql.rules.testing import test_rules
+    from traceql.rule_tests import test_rules
 
     try:
         rs = load_rules(list(rules_dirs) or None)

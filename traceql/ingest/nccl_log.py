@@ -17,6 +17,7 @@ searched anywhere in the line. NCCL >= 2.26 may print `[date time] host [dev]` w
 from __future__ import annotations
 
 import codecs
+import gzip
 import json
 import re
 from dataclasses import dataclass, field
@@ -746,8 +747,6 @@ _UNSET = object()
 
 
 def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
-    from traceql.discover import open_maybe_gzip
-
     events: list[dict] = []
     done: list[_Comm] = []
     procs: dict[tuple, _Process] = {}
@@ -1059,3 +1058,10 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
     if len(hosts) == 1:
         source.host = hosts[0]
     return {"nccl_comms": comms_df, "nccl_events": events_df}
+
+
+def open_maybe_gzip(path: Path):
+    """A binary file object over the file's content, gunzipping transparently."""
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")

@@ -49,7 +49,7 @@ def _sql_doc(text: str) -> str:
 
 
 def _read(path: Path) -> View:
-    from traceql.rules.loader import RuleError, load_yaml
+    from traceql.rules.yamlfile import RuleError, load_yaml
 
     name = path.stem
     if not NAME_RE.match(name):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import html
 import re
 import time
-from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.requests import Request

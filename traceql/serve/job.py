@@ -13,8 +13,8 @@ from pathlib import Path
 
 def main(upload: Path, out: Path) -> int:
     from traceql import pipeline
-    from traceql.cli._common import EXIT_USAGE, _say
-    from traceql.cli.check import _render, _verdict
+    from traceql.exit_codes import EXIT_USAGE
+    from traceql.report import render
     from traceql.rules.config import ConfigError, load_config
 
     try:
@@ -25,14 +25,23 @@ def main(upload: Path, out: Path) -> int:
         return EXIT_USAGE
     for fmt, name in (("json", "report.json"), ("sarif", "report.sarif"), ("html", "report.html")):
         tmp = out / (name + ".tmp")
-        tmp.write_text(_render(result, fmt, color=False, verbose=False), encoding="utf-8")
+        tmp.write_text(render(result, fmt), encoding="utf-8")
         tmp.replace(out / name)  # a report is there whole or not at all
-    code = _verdict(result, upload, "warning")
+    code, reason = result.verdict(upload, "warning")
+    if reason:
+        _say(reason)
     if code != EXIT_USAGE and (result.run.table("kernels").height or result.run.table("host_ops").height):
         from traceql.report.annotate import write
 
         write(result, out / "trace.json.gz", host=True)
     return code
+
+
+def _say(msg: str) -> None:
+    """One line to stderr, the way the CLI says it (the queue records the job's last stderr line as its reason)."""
+    from traceql.model.text_safety import visible
+
+    print(f"traceql: {visible(msg)}", file=sys.stderr)
 
 
 if __name__ == "__main__":
