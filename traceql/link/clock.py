@@ -155,5 +155,5 @@ def _note(run: Run, text: str) -> None:
         run.notes.append(text)
 
 
-DERIVED = {"clock_offsets": clock_offsets}
+DERIVED = {"clock_offsets": clock_offsets, "clock_error": clock_error_ms}
 NEEDS = {"clock_offsets": ["collectives"]}
