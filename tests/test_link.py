@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from conftest import FIXTURES, REPO, corpus_path
+from conftest import FIXTURES, REPO, corpus_path, rule_rows
 from traceql import link
 from traceql.link.graph import build_graph
 from traceql.model import Run, Source, conform
@@ -263,7 +263,7 @@ def test_waits_use_aligned_times_and_name_the_straggler():
     assert set(ci["last_arriver"].to_list()) == {2}
     w = ci.filter(pl.col("rank") == 0)["wait_ms"]
     assert ((w - 4.0).abs() < 0.01).all()
-    s = link.ensure(run, "straggler_summary").filter(pl.col("rank") == 2).row(0, named=True)
+    s = rule_rows(run, "TQL302", rank=2)[0]
     assert s["last_pct"] == 100.0 and abs(s["wait_caused_ms"] - 10 * 2 * 4.0) < 0.1
     assert abs(s["median_lateness_ms"] - 4.0) < 0.01
 

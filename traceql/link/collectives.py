@@ -16,7 +16,7 @@ Tables (DERIVED):
   the wait the others caused it, the skew, the last arriver.
 - collective_gaps: ranks of a group with no trace in the run dir, and ranks that stop early.
 - collective_desync: per group, the first call where ranks disagree on op, size or count, with the odd ranks.
-- straggler_summary: per rank, how often it arrives last and the wait it causes the others.
+- collective_waits: per rank and each rank it waited for, the union of those waits (TQL302 weighs them).
 """
 
 from __future__ import annotations
@@ -407,62 +407,24 @@ def wait_union(ci: pl.DataFrame, per: list[str]) -> pl.DataFrame:
     return intervals.union_ns(w, per).drop("_n")
 
 
-def straggler_summary(run: Run) -> pl.DataFrame:
-    """Per rank, over the collectives matched on two or more ranks: how often it arrived last, the wait its late
-    arrivals caused the others (per other rank, the union of its wait intervals at those calls, summed over the
-    other ranks), that wait per other rank and per step, how late it was, and the clock error of those numbers."""
+def collective_waits(run: Run) -> pl.DataFrame:
+    """Who waited for whom: per rank and each rank it waited for (waited_for, the last arriver of the calls), over
+    the collectives matched on two or more ranks, the time it spent waiting (wait_ms: the union of its wait
+    intervals at those calls, so collectives in flight together count once) and at how many calls (calls).
+    Only waits of positive length appear."""
     from traceql.link import ensure
 
-    schema = {"rank": pl.Int32, "n_collectives": pl.Int64, "n_last": pl.Int64, "last_pct": pl.Float64,
-              "wait_caused_ms": pl.Float64, "wait_caused_per_rank_ms": pl.Float64, "wait_caused_per_step_ms": pl.Float64,
-              "n_steps": pl.Int64, "own_wait_ms": pl.Float64, "median_lateness_ms": pl.Float64, "n_ranks": pl.Int32,
-              "wait_share_pct": pl.Float64, "caused_share_pct": pl.Float64, "clock_error_ms": pl.Float64}
-    ci = ensure(run, "collective_instances").filter((pl.col("n_ranks") >= 2) & pl.col("wait_ms").is_not_null())
+    schema = {"rank": pl.Int32, "waited_for": pl.Int32, "wait_ms": pl.Float64, "calls": pl.Int64}
+    ci = ensure(run, "collective_instances").filter((pl.col("n_ranks") >= 2) & pl.col("wait_ms").is_not_null()
+                                                    & ~pl.col("is_last").fill_null(False))
+    ci = ci.filter(pl.col("wait_end") > pl.col("arrival"))
     if ci.height == 0:
         return pl.DataFrame(schema=schema)
-    # the second-latest arrival of each call: how far the last arriver was behind the next one
-    ci = ci.with_columns(
-        pl.col("arrival").sort(descending=True).slice(1, 1).first().over("match_id").alias("_second"),
-        pl.col("step").fill_null(-1).alias("_step"),
-    )
-    per = ci.group_by("rank").agg(
-        pl.len().cast(pl.Int64).alias("n_collectives"),
-        pl.col("is_last").sum().cast(pl.Int64).alias("n_last"),
-        ((pl.col("arrival") - pl.col("_second")) / 1e6).filter(pl.col("is_last")).median().alias("median_lateness_ms"),
-        pl.col("_step").n_unique().cast(pl.Int64).alias("n_steps"),
-    )
-    own = wait_union(ci, ["rank"]).select(pl.col("rank").cast(pl.Int32), (pl.col("_u") / 1e6).alias("own_wait_ms"))
-    # the wait each late rank caused: per waiting rank, the union of its waits at the calls where that rank came last
-    caused = wait_union(ci.filter(~pl.col("is_last").fill_null(False)), ["last_arriver", "rank"])
-    caused = caused.group_by("last_arriver").agg((pl.col("_u").sum() / 1e6).alias("wait_caused_ms"),
-                                                 pl.col("rank").n_unique().alias("_n_waiters"))
-    per = (per.with_columns(pl.col("rank").cast(pl.Int32))
-           .join(own, on="rank", how="left")
-           .join(caused.select(pl.col("last_arriver").cast(pl.Int32).alias("rank"), "wait_caused_ms", "_n_waiters"), on="rank", how="left"))
-    n_ranks = ci["rank"].n_unique()
-    per = per.with_columns(
-        pl.col("wait_caused_ms", "own_wait_ms").fill_null(0.0),
-        (100.0 * pl.col("n_last") / pl.col("n_collectives")).alias("last_pct"),
-        pl.lit(n_ranks, pl.Int32).alias("n_ranks"),
-    ).with_columns(
-        pl.when(pl.col("_n_waiters") > 0).then(pl.col("wait_caused_ms") / pl.col("_n_waiters")).otherwise(0.0).alias("wait_caused_per_rank_ms"),
-    ).with_columns((pl.col("wait_caused_per_rank_ms") / pl.col("n_steps")).alias("wait_caused_per_step_ms"))
-    # share: the wait caused per other rank, against the ranks' median time in steps
-    steps = ensure(run, "step_times")
-    med = float(steps.group_by("rank").agg(pl.col("step_ms").sum())["step_ms"].median() or 0.0) if steps.height else 0.0
-    per = per.with_columns(
-        (pl.when(pl.lit(med) > 0).then(100.0 * pl.col("wait_caused_per_rank_ms") / pl.lit(med))).alias("wait_share_pct")
-    )
-    # of all the waiting in the run's collectives, the share this rank caused by arriving last: a rank that is
-    # late once per step before a burst of collectives is last at few of them but causes nearly all the waiting
-    total_wait = float(per["wait_caused_ms"].sum() or 0.0)
-    per = per.with_columns(
-        (pl.when(pl.lit(total_wait) > 0).then(100.0 * pl.col("wait_caused_ms") / pl.lit(total_wait))).alias("caused_share_pct")
-    )
-    from traceql.link.clock import clock_error_ms
-
-    per = per.join(clock_error_ms(run), on="rank", how="left")
-    return per.select([pl.col(k).cast(t) for k, t in schema.items()]).sort("rank")
+    u = wait_union(ci, ["rank", "last_arriver"])
+    n = ci.group_by("rank", "last_arriver").agg(pl.len().alias("calls"))
+    out = u.join(n, on=["rank", "last_arriver"], how="left").select(
+        "rank", pl.col("last_arriver").alias("waited_for"), (pl.col("_u") / 1e6).alias("wait_ms"), "calls")
+    return out.select([pl.col(k).cast(t) for k, t in schema.items()]).sort("rank", "waited_for")
 
 
 DERIVED = {
@@ -470,6 +432,6 @@ DERIVED = {
     "collective_instances": collective_instances,
     "collective_gaps": collective_gaps,
     "collective_desync": collective_desync,
-    "straggler_summary": straggler_summary,
+    "collective_waits": collective_waits,
 }
 NEEDS = {name: ["collectives"] for name in DERIVED}
