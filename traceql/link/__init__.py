@@ -1,8 +1,8 @@
 """Cross-source linking: steps for every row, clock alignment, collective matching, the graph, derived tables.
 
 Each module of this package may expose `DERIVED: dict[str, Callable[[Run], pl.DataFrame]]`: derived tables, built
-on demand (the first time a rule or report asks for one) and stored in run.tables. Modules may also expose
-`NEEDS: dict[str, list[str]]` naming the canonical tables a derived table reads.
+on demand (the first time a rule or report asks for one) and stored in run.tables. Every derived table is declared
+in traceql/model/derived.py (schema, docs, scope, the tables it reads); tests/test_derived.py keeps the two equal.
 """
 
 from __future__ import annotations

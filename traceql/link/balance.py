@@ -42,4 +42,3 @@ def step_balance(run: Run) -> pl.DataFrame:
 
 
 DERIVED = {"step_balance": step_balance}
-NEEDS = {"step_balance": ["steps", "collectives"]}

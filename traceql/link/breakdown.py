@@ -132,4 +132,3 @@ def gpu_idle_gaps(run: Run) -> pl.DataFrame:
 
 
 DERIVED = {"step_breakdown": step_breakdown, "gpu_idle_gaps": gpu_idle_gaps}
-NEEDS = {"gpu_idle_gaps": ["kernels"]}

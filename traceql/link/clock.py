@@ -156,4 +156,3 @@ def _note(run: Run, text: str) -> None:
 
 
 DERIVED = {"clock_offsets": clock_offsets, "clock_error": clock_error_ms}
-NEEDS = {"clock_offsets": ["collectives"]}

@@ -434,4 +434,3 @@ DERIVED = {
     "collective_desync": collective_desync,
     "collective_waits": collective_waits,
 }
-NEEDS = {name: ["collectives"] for name in DERIVED}

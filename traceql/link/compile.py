@@ -894,15 +894,3 @@ DERIVED = {
     "compile_divergence_groups": compile_divergence_groups,
     "compile_rank_divergence": compile_rank_divergence,
 }
-NEEDS = {
-    "compile_evidence": ["compile_events"],
-    "compile_frames": ["compile_events"],
-    "compiled_regions": ["host_ops", "compile_events"],
-    "graph_break_cost": ["compile_events"],
-    "compile_cache_divergence": ["compile_events"],
-    "graph_collectives": ["compile_events"],
-    "compile_time": ["compile_events"],
-    "compile_failures": ["compile_events"],
-    "compile_divergence_groups": ["compile_events"],
-    "compile_rank_divergence": ["compile_events"],
-}

@@ -304,4 +304,3 @@ def launch_bound(run: Run) -> pl.DataFrame:
 
 
 DERIVED = {"critical_path": critical_path, "exposed_comm": exposed_comm, "launch_bound": launch_bound}
-NEEDS = {"critical_path": ["kernels"], "exposed_comm": ["kernels", "collectives"], "launch_bound": ["kernels", "runtime"]}

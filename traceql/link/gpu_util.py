@@ -78,4 +78,3 @@ def gpu_time_util(run: Run) -> pl.DataFrame:
 
 
 DERIVED = {"gpu_time_util": gpu_time_util}
-NEEDS = {"gpu_time_util": ["kernels"]}

@@ -134,4 +134,3 @@ def input_stall(run: Run) -> pl.DataFrame:
 
 
 DERIVED = {"input_stall": input_stall}
-NEEDS = {"input_stall": ["host_ops"]}

@@ -97,4 +97,3 @@ def step_metrics(run: Run) -> pl.DataFrame:
 
 
 DERIVED = {"step_metrics": step_metrics}
-NEEDS = {"step_metrics": ["kernels", "collectives", "steps"]}

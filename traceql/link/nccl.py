@@ -466,8 +466,3 @@ DERIVED = {
     "fr_mismatches": fr_mismatches,
     "nccl_comm_collectives": nccl_comm_collectives,
 }
-NEEDS = {
-    "nccl_comm_checks": ["nccl_comms"], "nccl_config_diff": ["nccl_comms"], "nccl_init": ["nccl_comms"],
-    "nccl_error_handling": ["nccl_events"], "nccl_errors": ["nccl_events"], "nccl_timeouts": ["nccl_events"],
-    "fr_mismatches": ["collectives"], "nccl_comm_collectives": ["nccl_comms", "collectives"],
-}

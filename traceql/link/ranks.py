@@ -208,4 +208,3 @@ def source_problems(run: Run) -> pl.DataFrame:
 
 
 DERIVED = {"source_problems": source_problems}
-NEEDS = {"source_problems": []}

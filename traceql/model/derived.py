@@ -1,0 +1,1089 @@
+"""Derived tables: what link/ builds from the canonical tables (model/tables.py), declared here with their schemas.
+
+Rules read derived tables like canonical ones; the rule loader validates a rule's tables and columns against these
+declarations without building anything, and `traceql query` and `traceql rules explain` show them. One entry per
+table, grouped by area (each area's section is edited by whoever owns those tables):
+
+- doc: one paragraph, what a row is;
+- columns: {name: (dtype, doc)}, exactly the frame the builder returns (tests/test_derived.py builds every table
+  on the fixtures and compares);
+- builder: "module:function" of link/ that builds it (link.ensure is the registry that calls it);
+- scope: "rank" when a rank's rows come from that rank's tables alone, "run" when building them reads other ranks
+  (matching, majorities, medians across ranks);
+- reads: the canonical and derived tables the builder reads directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from traceql.model.tables import BOOL, F64, I32, I64, SCHEMAS, STR
+
+U32 = pl.UInt32
+RANKS = pl.List(pl.Int32)  # a list of global ranks
+
+
+@dataclass(frozen=True)
+class Derived:
+    name: str
+    doc: str
+    columns: dict[str, tuple[pl.DataType, str]]
+    builder: str
+    scope: str
+    reads: tuple[str, ...]
+
+    @property
+    def schema(self) -> dict[str, pl.DataType]:
+        return {c: t for c, (t, _) in self.columns.items()}
+
+
+DERIVED: dict[str, Derived] = {}
+SCOPES = ("rank", "run")
+
+
+def _table(name: str, doc: str, builder: str, scope: str, reads: list[str], columns: dict) -> None:
+    # checked here, at import, so that a bad entry fails every test rather than one rule at run time
+    assert name not in DERIVED and name not in SCHEMAS, f"model/derived.py: {name}: declared twice"
+    assert scope in SCOPES, f"model/derived.py: {name}: scope {scope!r}; valid: {SCOPES}"
+    assert ":" in builder, f"model/derived.py: {name}: builder {builder!r} is not module:function"
+    DERIVED[name] = Derived(name, doc, columns, builder, scope, tuple(reads))
+
+# communication ---------------------------------------------------------------------------------------------------
+_table(
+    "collective_matches",
+    doc=(
+        "One row per collective call and rank, on the rank's own clock: the group it was matched in, its match key "
+        "(seq, or call order per step) and the match id shared by the same call on every rank. One source per rank "
+        "(the one on the profiler clock)."
+    ),
+    builder="traceql.link.collectives:collective_matches",
+    scope="rank",
+    reads=["collectives"],
+    columns={
+        "rank": (I32, "global rank"),
+        "source": (I32, "source id (run.sources) the row comes from"),
+        "id": (I64, "the row's id in collectives"),
+        "group": (STR, "matching group (pg name, or description plus rank list)"),
+        "pg": (STR, "process group key the match used"),
+        "pg_name": (STR, "process group name"),
+        "members": (STR, "JSON list of the group's global ranks where known"),
+        "group_size": (I32, "ranks in the process group"),
+        "seq": (I64, "sequence number within the group"),
+        "seq_origin": (STR, "trace (the trace's seq), step (call order per step) or order (call order)"),
+        "match_step": (I64, "step the match key counts calls in"),
+        "call": (I64, "call order within the group (and step)"),
+        "match_id": (I64, "the same id for the same call on every rank"),
+        "op": (STR, "canonical collective op (all_reduce, ...)"),
+        "backend": (STR, "nccl, gloo, ... where known"),
+        "dtype": (STR, "element type"),
+        "in_nelems": (I64, "input elements"),
+        "out_nelems": (I64, "output elements"),
+        "bytes": (I64, "message size in bytes"),
+        "step": (I64, "training step (null outside any step)"),
+        "ts": (I64, "start, ns on the rank's clock"),
+        "end": (I64, "end, ns on the rank's clock"),
+        "kernel_ts": (I64, "first kernel's start (null for host-only backends)"),
+        "kernel_end": (I64, "first kernel's end"),
+        "host_only": (BOOL, "no GPU kernel carried it (gloo)"),
+    },
+)
+_table(
+    "collective_instances",
+    doc=(
+        "One row per matched collective call and rank, on the aligned clock (link.clock): when the rank arrived, when"
+        " the collective started and ended, the wait the later ranks caused it, the skew across ranks and the last "
+        "arriver."
+    ),
+    builder="traceql.link.collectives:collective_instances",
+    scope="run",
+    reads=["clock_offsets", "collective_matches"],
+    columns={
+        "rank": (I32, "global rank"),
+        "pg": (STR, "process group key the match used"),
+        "pg_name": (STR, "process group name"),
+        "group": (STR, "matching group (pg name, or description plus rank list)"),
+        "seq": (I64, "sequence number within the group"),
+        "seq_origin": (STR, "trace (the trace's seq), step (call order per step) or order (call order)"),
+        "match_id": (I64, "the same id for the same call on every rank"),
+        "step": (I64, "training step (null outside any step)"),
+        "op": (STR, "canonical collective op (all_reduce, ...)"),
+        "backend": (STR, "nccl, gloo, ... where known"),
+        "dtype": (STR, "element type"),
+        "bytes": (I64, "message size in bytes"),
+        "in_nelems": (I64, "input elements"),
+        "out_nelems": (I64, "output elements"),
+        "host_only": (BOOL, "no GPU kernel carried it (gloo)"),
+        "arrival": (I64, "when the rank entered the collective (aligned ns)"),
+        "start": (I64, "when the data transfer started, once every rank had arrived (aligned ns)"),
+        "end": (I64, "when the collective ended (aligned ns)"),
+        "dur_ms": (F64, "the rank's time in the collective (ms)"),
+        "wait_ms": (F64, "time this rank waited for the last arriver (ms)"),
+        "wait_end": (I64, "end of the wait: the last rank's arrival (aligned ns)"),
+        "skew_ms": (F64, "last arrival minus first arrival across ranks (ms)"),
+        "last_arriver": (I32, "the rank that arrived last"),
+        "is_last": (BOOL, "this rank arrived last"),
+        "n_ranks": (I32, "ranks compared"),
+        "group_size": (I32, "ranks in the process group"),
+        "missing_ranks": (I32, "group members with no matching call"),
+    },
+)
+_table(
+    "collective_gaps",
+    doc=(
+        "Ranks of a process group that left no collectives in the run dir (status missing), or whose collectives stop"
+        " before the others' (status stopped_early)."
+    ),
+    builder="traceql.link.collectives:collective_gaps",
+    scope="run",
+    reads=["collective_matches"],
+    columns={
+        "pg": (STR, "process group key the match used"),
+        "group": (STR, "matching group (pg name, or description plus rank list)"),
+        "rank": (I32, "global rank"),
+        "status": (STR, "missing or stopped_early"),
+        "n_collectives": (I64, "collectives counted"),
+        "n_expected": (I64, "collectives the other ranks of the group made"),
+        "last_seq": (I64, "the rank's last seq"),
+        "last_step": (I64, "the rank's last step"),
+        "detail": (STR, "what the rank is missing, in words"),
+    },
+)
+_table(
+    "collective_desync",
+    doc=(
+        "Per group, the first matched call where ranks disagree on op, size or count: the majority value, the odd "
+        "value and the ranks on each side."
+    ),
+    builder="traceql.link.collectives:collective_desync",
+    scope="run",
+    reads=["collective_matches"],
+    columns={
+        "pg": (STR, "process group key the match used"),
+        "group": (STR, "matching group (pg name, or description plus rank list)"),
+        "kind": (STR, "what differs: op, size or count"),
+        "seq": (I64, "sequence number within the group"),
+        "step": (I64, "training step (null outside any step)"),
+        "majority": (STR, "the majority's value"),
+        "odd_value": (STR, "the odd ranks' value"),
+        "odd_ranks": (RANKS, "ranks that differ from the majority"),
+        "majority_ranks": (RANKS, "ranks holding the majority value"),
+        "n_ranks": (I32, "ranks compared"),
+        "rank": (I32, "the odd rank where there is exactly one"),
+        "identity": (STR, "how the call was identified (seq or call order)"),
+        "by_step": (BOOL, "calls were counted within steps"),
+    },
+)
+_table(
+    "collective_waits",
+    doc=(
+        "Who waited for whom: one row per rank and each rank it waited for (the last arriver of the calls), over "
+        "collectives matched on two or more ranks: the union of those waits (collectives in flight together count "
+        "once) and at how many calls. Only waits of positive length appear."
+    ),
+    builder="traceql.link.collectives:collective_waits",
+    scope="run",
+    reads=["collective_instances"],
+    columns={
+        "rank": (I32, "global rank (the one waiting)"),
+        "waited_for": (I32, "the rank it waited for: the last arriver of those calls"),
+        "wait_ms": (F64, "union of its wait intervals at those calls (ms)"),
+        "calls": (I64, "calls at which it waited for that rank"),
+    },
+)
+_table(
+    "clock_offsets",
+    doc=(
+        "One row per rank: the offset that puts its clock on the reference rank's, from matched collectives' kernel "
+        "ends, with the residual and how it was found."
+    ),
+    builder="traceql.link.clock:clock_offsets",
+    scope="run",
+    reads=["collective_matches"],
+    columns={
+        "rank": (I32, "global rank"),
+        "offset_ns": (I64, "subtract from the rank's timestamps to reach the reference clock (ns)"),
+        "residual_us": (F64, "median disagreement left after alignment (us)"),
+        "n_matched": (I64, "matched collectives used"),
+        "method": (STR, "how the offset was found (kernel ends, host ends, same source, unaligned ...)"),
+        "reference": (I32, "the rank whose clock is the reference"),
+    },
+)
+_table(
+    "step_balance",
+    doc=(
+        "One row per rank and step: the step's time, the union of the rank's waits for later ranks in that step's "
+        "collectives, and the rest (its own work)."
+    ),
+    builder="traceql.link.balance:step_balance",
+    scope="run",
+    reads=["collective_instances", "step_times"],
+    columns={
+        "rank": (I32, "global rank"),
+        "step": (I64, "training step (null outside any step)"),
+        "step_ms": (F64, "the step's time: the longer of its host range and its GPU span (ms)"),
+        "wait_ms": (F64, "time spent waiting for later ranks in matched collectives (ms)"),
+        "busy_ms": (F64, "time not spent waiting (ms)"),
+    },
+)
+_table(
+    "clock_error",
+    doc=(
+        "One row per rank: how far a wait measured between this rank and another can be off because of clock "
+        "alignment: the rank's alignment residual plus the largest residual among the other ranks."
+    ),
+    builder="traceql.link.clock:clock_error_ms",
+    scope="run",
+    reads=["clock_offsets"],
+    columns={
+        "rank": (I32, "global rank"),
+        "clock_error_ms": (F64, "how far cross-rank waits can be off from clock alignment (ms; null where unaligned)"),
+    },
+)
+_table(
+    "exposed_comm",
+    doc=(
+        "One row per rank and step: communication time, the part hidden under compute, the exposed rest and its share"
+        " of the step (what TQL101 measures)."
+    ),
+    builder="traceql.link.critical_path:exposed_comm",
+    scope="run",
+    reads=["step_metrics"],
+    columns={
+        "rank": (I32, "global rank"),
+        "step": (I64, "training step (null outside any step)"),
+        "step_ms": (F64, "the step's time: the longer of its host range and its GPU span (ms)"),
+        "comm_ms": (F64, "union of communication intervals (ms)"),
+        "overlap_ms": (F64, "communication hidden under compute (ms)"),
+        "exposed_comm_ms": (F64, "communication not hidden under compute (ms)"),
+        "exposed_pct_of_step": (F64, "exposed_comm_ms over step_ms (%)"),
+        "side": (STR, "gpu (NCCL kernels) or host (collectives without kernels)"),
+    },
+)
+_table(
+    "microbatches",
+    doc=(
+        "One row per micro-batch: each outermost forward of a data-parallel wrapper (DistributedDataParallel, "
+        "FullyShardedDataParallel) in a step, until the next one (or the step's end), with the gradient collectives "
+        "(all_reduce, reduce_scatter and their coalesced forms) that started in it."
+    ),
+    builder="traceql.link.microbatch:microbatches",
+    scope="rank",
+    reads=["collectives", "host_ops", "steps"],
+    columns={
+        "rank": (I32, "global rank"),
+        "step": (I64, "training step"),
+        "mb": (I64, "the micro-batch's order in the step (0 first)"),
+        "ts": (I64, "its forward's start (ns, the rank's clock)"),
+        "until": (I64, "the next micro-batch's forward, else the step's end (ns)"),
+        "grad_collectives": (U32, "gradient collectives that started in it"),
+    },
+)
+
+# host and GPU ----------------------------------------------------------------------------------------------------
+_table(
+    "step_times",
+    doc="One row per rank and step: the step's host range, its GPU span and step_ms, the longer of the two.",
+    builder="traceql.link.steps:step_times",
+    scope="rank",
+    reads=["kernels", "steps"],
+    columns={
+        "rank": (I32, "global rank"),
+        "step": (I64, "training step (null outside any step)"),
+        "host_ms": (F64, "the step's host range (ms)"),
+        "gpu_span_ms": (F64, "first GPU operation start to last end in the step (ms)"),
+        "step_ms": (F64, "the step's time: the longer of its host range and its GPU span (ms)"),
+    },
+)
+_table(
+    "warmup_steps",
+    doc=(
+        "One row per rank, source and step that loads CUDA modules (lazy loading in the first steps): steps whose "
+        "time is start-up, not the training loop."
+    ),
+    builder="traceql.link.steps:warmup_steps",
+    scope="run",
+    reads=["runtime", "steps"],
+    columns={
+        "rank": (I32, "global rank"),
+        "source": (I32, "source id (run.sources) the row comes from"),
+        "step": (I64, "training step (null outside any step)"),
+        "load_ms": (F64, "time spent loading CUDA modules in the step (ms)"),
+        "reason": (STR, "why the step counts as warm-up"),
+    },
+)
+_table(
+    "activity",
+    doc=(
+        "One row per compute or communication interval per rank, on the side that carries the facts: GPU kernels "
+        "where the rank has communication kernels, else host-side collectives and CPU ops."
+    ),
+    builder="traceql.link.activity:activity",
+    scope="rank",
+    reads=["collectives", "host_ops", "kernels"],
+    columns={
+        "rank": (I32, "global rank"),
+        "source": (I32, "source id (run.sources) the row comes from"),
+        "step": (I64, "training step (null outside any step)"),
+        "ts": (I64, "start, ns on the rank's clock"),
+        "end": (I64, "end, ns on the rank's clock"),
+        "name": (STR, "name of the operation"),
+        "kind": (STR, "what the row is (see the table doc)"),
+        "side": (STR, "gpu (NCCL kernels) or host (collectives without kernels)"),
+    },
+)
+_table(
+    "step_metrics",
+    doc=(
+        "One row per rank and step: the numbers every report shows, one definition each (step time, communication "
+        "against compute, waits, GPU busy and idle)."
+    ),
+    builder="traceql.link.metrics:step_metrics",
+    scope="run",
+    reads=["activity", "step_balance", "step_breakdown", "step_times"],
+    columns={
+        "rank": (I32, "global rank"),
+        "step": (I64, "training step (null outside any step)"),
+        "host_ms": (F64, "the step's host range (ms)"),
+        "gpu_span_ms": (F64, "first GPU operation start to last end in the step (ms)"),
+        "step_ms": (F64, "the step's time: the longer of its host range and its GPU span (ms)"),
+        "side": (STR, "gpu (NCCL kernels) or host (collectives without kernels)"),
+        "comm_ms": (F64, "union of communication intervals (ms)"),
+        "compute_ms": (F64, "union of compute intervals (ms)"),
+        "overlap_ms": (F64, "communication hidden under compute (ms)"),
+        "exposed_comm_ms": (F64, "communication not hidden under compute (ms)"),
+        "comm_comp_overlap_pct": (F64, "overlap_ms over comm_ms (%)"),
+        "wait_ms": (F64, "time spent waiting for later ranks in matched collectives (ms)"),
+        "busy_ms": (F64, "time not spent waiting (ms)"),
+        "gpu_busy_ms": (F64, "union of all kernels in the step (ms)"),
+        "gpu_idle_ms": (F64, "GPU span minus gpu_busy_ms (ms)"),
+        "kernel_time_ms": (F64, "summed duration of compute and communication kernels (ms)"),
+        "kernels": (I64, "compute and communication kernels counted"),
+    },
+)
+_table(
+    "step_breakdown",
+    doc=(
+        "One row per rank and step: where the GPU time went (compute, communication, exposed communication, idle), as"
+        " Holistic Trace Analysis defines them."
+    ),
+    builder="traceql.link.breakdown:step_breakdown",
+    scope="rank",
+    reads=["gpu_idle_gaps", "kernels", "steps"],
+    columns={
+        "rank": (I32, "global rank"),
+        "step": (I64, "training step (null outside any step)"),
+        "step_ms": (F64, "the step's time: the longer of its host range and its GPU span (ms)"),
+        "gpu_span_ms": (F64, "first GPU operation start to last end in the step (ms)"),
+        "busy_ms": (F64, "time not spent waiting (ms)"),
+        "compute_ms": (F64, "union of compute intervals (ms)"),
+        "comm_ms": (F64, "union of communication intervals (ms)"),
+        "overlap_ms": (F64, "communication hidden under compute (ms)"),
+        "exposed_comm_ms": (F64, "communication not hidden under compute (ms)"),
+        "comm_comp_overlap_pct": (F64, "overlap_ms over comm_ms (%)"),
+        "idle_ms": (F64, "device idle time in the step's GPU span plus its lead gap (ms)"),
+        "kernel_time_ms": (F64, "summed duration of compute and communication kernels (ms)"),
+        "kernels": (I64, "compute and communication kernels counted"),
+    },
+)
+_table(
+    "gpu_idle_gaps",
+    doc=(
+        "One row per idle gap on a device's timeline: its span, the step it delays, whether it leads the step, the "
+        "operations around it, what the host was doing and how much of it was a batch fetch."
+    ),
+    builder="traceql.link.breakdown:gpu_idle_gaps",
+    scope="rank",
+    reads=["host_ops", "kernels", "runtime", "steps"],
+    columns={
+        "rank": (I32, "global rank"),
+        "source": (I32, "source id (run.sources) the row comes from"),
+        "device": (I32, "CUDA device index"),
+        "step": (I64, "training step (null outside any step)"),
+        "gap_ts": (I64, "gap start (ns, rank's clock)"),
+        "gap_end": (I64, "gap end (ns, rank's clock)"),
+        "gap_ms": (F64, "gap length (ms)"),
+        "lead": (BOOL, "the gap leads its step (before the step's first GPU operation)"),
+        "prev_name": (STR, "GPU operation before the gap"),
+        "next_name": (STR, "GPU operation after the gap"),
+        "host_op": (STR, "what the host was doing at the gap's midpoint"),
+        "input_wait_ms": (F64, "part of the gap spent fetching a batch (ms)"),
+    },
+)
+_table(
+    "critical_path",
+    doc=(
+        "One row per step (on the rank that ended it): the step's critical path across ranks split into compute, "
+        "exposed communication, host launch and idle time."
+    ),
+    builder="traceql.link.critical_path:critical_path",
+    scope="run",
+    reads=["clock_offsets", "collective_instances", "collective_matches", "collectives", "kernels", "runtime", "steps"],
+    columns={
+        "step": (I64, "training step (null outside any step)"),
+        "rank": (I32, "the rank that ended the step"),
+        "ranks_on_path": (RANKS, "ranks the path passed through"),
+        "step_ms": (F64, "the step's time: the longer of its host range and its GPU span (ms)"),
+        "compute_ms": (F64, "compute on the path (ms)"),
+        "exposed_comm_ms": (F64, "communication on the path (ms)"),
+        "host_launch_ms": (F64, "waiting for the host to launch (ms)"),
+        "idle_ms": (F64, "idle on the path (ms)"),
+        "exposed_comm_pct": (F64, "exposed_comm_ms over step_ms (%)"),
+        "host_launch_pct": (F64, "host_launch_ms over step_ms (%)"),
+        "path_kernels": (I64, "kernels on the path"),
+        "rank_jumps": (I64, "times the path moved to another rank"),
+        "last_kernel": (STR, "the kernel that ended the step"),
+        "typical_exposed_comm_pct": (F64, "median exposed_comm_pct over steps (%)"),
+    },
+)
+_table(
+    "launch_bound",
+    doc=(
+        "One row per rank and step: how much of the step the GPU sat idle because the next kernel had not been "
+        "launched yet."
+    ),
+    builder="traceql.link.critical_path:launch_bound",
+    scope="rank",
+    reads=["host_ops", "kernels", "runtime", "step_times"],
+    columns={
+        "rank": (I32, "global rank"),
+        "step": (I64, "training step (null outside any step)"),
+        "step_ms": (F64, "the step's time: the longer of its host range and its GPU span (ms)"),
+        "kernels": (I64, "compute and communication kernels counted"),
+        "median_kernel_us": (F64, "median kernel duration (us)"),
+        "busy_ms": (F64, "union of kernels in the step (ms)"),
+        "gap_ms": (F64, "idle time between kernels in the step (ms)"),
+        "launch_gap_ms": (F64, "idle time with the next kernel not launched yet (ms)"),
+        "launch_gap_pct": (F64, "launch_gap_ms over step_ms (%)"),
+        "launch_gaps": (I64, "gaps counted in launch_gap_ms"),
+        "busy_pct": (F64, "busy_ms over step_ms (%)"),
+        "typical_launch_gap_pct": (F64, "median launch_gap_pct over the rank's steps (%)"),
+    },
+)
+_table(
+    "gpu_time_util",
+    doc=(
+        "One row per rank, device and chunk: the device's time utilisation in equal chunks of its active span (nsys "
+        "gpu_time_util's shape)."
+    ),
+    builder="traceql.link.gpu_util:gpu_time_util",
+    scope="run",
+    reads=["kernels", "warmup_steps"],
+    columns={
+        "rank": (I32, "global rank"),
+        "device": (I32, "CUDA device index"),
+        "chunk": (I64, "chunk index (0 .. CHUNKS-1)"),
+        "ts": (I64, "chunk start (ns)"),
+        "end": (I64, "chunk end (ns)"),
+        "chunk_ms": (F64, "chunk length (ms)"),
+        "busy_ms": (F64, "GPU operations' time inside the chunk, summed (ms)"),
+        "util_pct": (F64, "busy_ms over chunk_ms (%; concurrent work can pass 100)"),
+        "step": (I64, "step the chunk starts in"),
+    },
+)
+_table(
+    "blocking_calls",
+    doc=(
+        "One row per blocking runtime call (synchronisation or synchronous copy): how long it blocked the host and "
+        "the host op that caused it."
+    ),
+    builder="traceql.link.host_sync:blocking_calls",
+    scope="rank",
+    reads=["host_ops", "runtime", "steps"],
+    columns={
+        "rank": (I32, "global rank"),
+        "source": (I32, "source id (run.sources) the row comes from"),
+        "step": (I64, "training step (null outside any step)"),
+        "ts": (I64, "start, ns on the rank's clock"),
+        "end": (I64, "end, ns on the rank's clock"),
+        "tid": (I64, "host thread"),
+        "call": (STR, "the blocking runtime call"),
+        "host_op": (STR, "innermost host op that caused it"),
+        "blocked_ms": (F64, "host time blocked (ms)"),
+    },
+)
+_table(
+    "host_syncs",
+    doc=(
+        "One row per rank, step, call and causing host op: how many blocking calls and how long the host was blocked."
+    ),
+    builder="traceql.link.host_sync:host_syncs",
+    scope="run",
+    reads=["blocking_calls", "warmup_steps"],
+    columns={
+        "rank": (I32, "global rank"),
+        "step": (I64, "training step (null outside any step)"),
+        "call": (STR, "the blocking runtime call"),
+        "host_op": (STR, "innermost host op that caused it"),
+        "region": (STR, "host_op without its trailing F/A compile id"),
+        "n": (U32, "blocking calls"),
+        "blocked_ms": (F64, "host time blocked (ms)"),
+        "warmup": (BOOL, "the step is a warm-up step"),
+    },
+)
+_table(
+    "gemm_kernels",
+    doc=(
+        "One row per rank and GEMM kernel (its name without parameter list, leading 'void ' or 'fbgemm'): its "
+        "precision class read from the name (low: bf16/fp16/fp8/int8; fp32: fp32/tf32 and nothing narrower; unknown: "
+        "no type in the name, e.g. Triton), how many times it ran and for how long."
+    ),
+    builder="traceql.link.precision:gemm_kernels",
+    scope="rank",
+    reads=["kernels"],
+    columns={
+        "rank": (I32, "global rank"),
+        "kernel": (STR, "the GEMM kernel's name, without its parameter list"),
+        "precision": (STR, "low, fp32 or unknown"),
+        "kernels": (I64, "launches of it"),
+        "dur": (I64, "their summed GPU time (ns)"),
+    },
+)
+
+# compile ---------------------------------------------------------------------------------------------------------
+_table(
+    "compile_evidence",
+    doc=(
+        "compile_events with rows from logs that name no compile id adopted into the compile id they belong to: every"
+        " compile fact per rank and compile id."
+    ),
+    builder="traceql.link.compile:compile_evidence",
+    scope="rank",
+    reads=["compile_events"],
+    columns={
+        "rank": (I32, "global rank"),
+        "source": (I32, "source id (run.sources) the row comes from"),
+        "compile_id": (STR, "torch.compile id frame/attempt"),
+        "frame_id": (I64, "dynamo frame id"),
+        "attempt": (I64, "compile attempt"),
+        "kind": (STR, "as compile_events.kind"),
+        "ts": (I64, "when the event was logged (ns)"),
+        "dur": (I64, "its duration (ns)"),
+        "function": (STR, "co_name of the compiled frame"),
+        "filename": (STR, "file of the compiled frame"),
+        "line": (I64, "line number in the log"),
+        "reason": (STR, "the reason the log gives"),
+        "guard": (STR, "the failed guard"),
+        "user_frame": (STR, "file:line of the user code"),
+        "cache_key": (STR, "FX graph cache key"),
+        "components": (STR, "JSON: cache-key component -> hash"),
+        "op": (STR, "canonical collective op (all_reduce, ...)"),
+        "op_index": (I64, "index of the op in its graph"),
+        "detail": (STR, "JSON with whatever else the record held"),
+    },
+)
+_table(
+    "compile_frames",
+    doc=(
+        "One row per rank and compiled frame: compiles, recompiles, whether the recompile limit was hit, and the "
+        "guard that keeps failing."
+    ),
+    builder="traceql.link.compile:compile_frames",
+    scope="run",
+    reads=["compile_evidence"],
+    columns={
+        "rank": (I32, "global rank"),
+        "frame_id": (I64, "dynamo frame id"),
+        "function": (STR, "co_name of the compiled frame"),
+        "filename": (STR, "file of the compiled frame"),
+        "line": (I64, "line number in the log"),
+        "compiles": (U32, "compiles counted"),
+        "recompiles": (U32, "recompiles of the frame"),
+        "limit_hit": (BOOL, "the recompile limit was hit"),
+        "limit": (I64, "the limit (cache_size_limit / recompile_limit)"),
+        "top_guard": (STR, "the guard that failed most often"),
+        "top_guard_count": (U32, "how often it failed"),
+        "last_guard": (STR, "the last failed guard"),
+        "compile_s": (F64, "compile time (s)"),
+        "location": (STR, "file:line of the compiled frame"),
+        "limit_note": (STR, "the sentence about the limit the message prints"),
+    },
+)
+_table(
+    "compiled_regions",
+    doc="One row per rank, step and compiled region or FX graph call: how often it ran and for how long.",
+    builder="traceql.link.compile:compiled_regions",
+    scope="rank",
+    reads=["compile_events", "compile_evidence", "host_ops"],
+    columns={
+        "rank": (I32, "global rank"),
+        "step": (I64, "training step (null outside any step)"),
+        "compile_id": (STR, "torch.compile id frame/attempt"),
+        "cache_key": (STR, "FX graph cache key"),
+        "what": (STR, "region (Torch-Compiled Region) or fx_graph (Call CompiledFxGraph)"),
+        "calls": (U32, "times it ran in the step"),
+        "total_ms": (F64, "their summed host time (ms)"),
+    },
+)
+_table(
+    "graph_break_cost",
+    doc=(
+        "One row per graph break (rank, compile id, reason, user frame), with how often the broken frame's compiled "
+        "regions ran per step and their time."
+    ),
+    builder="traceql.link.compile:graph_break_cost",
+    scope="run",
+    reads=["compile_events", "compile_evidence", "compiled_regions", "steps"],
+    columns={
+        "rank": (I32, "global rank"),
+        "compile_id": (STR, "torch.compile id frame/attempt"),
+        "function": (STR, "co_name of the compiled frame"),
+        "location": (STR, "file:line of the compiled frame"),
+        "reason": (STR, "the reason the log gives"),
+        "user_frame": (STR, "file:line of the user code"),
+        "n_steps": (U32, "steps recorded on the rank"),
+        "steps_with_calls": (U32, "steps in which the frame's regions ran"),
+        "calls_per_step": (F64, "region calls per step"),
+        "ms_per_step": (F64, "region time per step (ms)"),
+        "traced": (BOOL, "the rank's trace records compiled regions"),
+        "cost_note": (STR, "the cost sentence the message prints"),
+    },
+)
+_table(
+    "compile_cache_divergence",
+    doc=(
+        "One row per rank and graph whose FX graph cache key differs from the majority's, with the key components "
+        "that differ."
+    ),
+    builder="traceql.link.compile:compile_cache_divergence",
+    scope="run",
+    reads=["compile_evidence"],
+    columns={
+        "rank": (I32, "global rank"),
+        "compile_id": (STR, "torch.compile id frame/attempt"),
+        "divergence": (STR, "the kind of difference (components, missing graph, ...)"),
+        "graphs": (STR, "graphs named"),
+        "n_graphs": (I64, "graphs compared"),
+        "cache_key": (STR, "FX graph cache key"),
+        "majority_key": (STR, "the majority's cache key"),
+        "majority_ranks": (STR, "ranks holding the majority value"),
+        "n_ranks": (U32, "ranks compared"),
+        "n_differing": (I64, "key components that differ"),
+        "differing": (STR, "the components that differ"),
+        "differing_values": (STR, "their values here and on the majority"),
+        "graphs_here": (I64, "graphs compiled on this rank"),
+        "graphs_majority": (I64, "graphs compiled on the majority"),
+        "present_on": (STR, "ranks that compiled the graph"),
+        "missing_on": (STR, "ranks that did not"),
+        "note": (STR, "the sentence the rule's message prints"),
+    },
+)
+_table(
+    "compile_divergence_groups",
+    doc=(
+        "compile_cache_divergence with the odd ranks grouped as people read them: one row per group of odd ranks and "
+        "kind of difference."
+    ),
+    builder="traceql.link.compile:compile_divergence_groups",
+    scope="run",
+    reads=["compile_cache_divergence"],
+    columns={
+        "ranks": (RANKS, "the ranks of the row"),
+        "ranks_text": (STR, "the ranks as people read them (0-2,5)"),
+        "divergence": (STR, "the kind of difference (components, missing graph, ...)"),
+        "compile_id": (STR, "torch.compile id frame/attempt"),
+        "compile_ids": (STR, "the compile ids concerned"),
+        "n_compile_ids": (U32, "how many"),
+        "graphs": (STR, "graphs named"),
+        "n_graphs": (I64, "graphs compared"),
+        "cache_key": (STR, "FX graph cache key"),
+        "majority_key": (STR, "the majority's cache key"),
+        "majority_ranks": (STR, "ranks holding the majority value"),
+        "n_ranks": (U32, "ranks compared"),
+        "n_differing": (I64, "key components that differ"),
+        "differing": (STR, "the components that differ"),
+        "differing_values": (STR, "their values here and on the majority"),
+        "graphs_here": (I64, "graphs compiled on this rank"),
+        "graphs_majority": (I64, "graphs compiled on the majority"),
+        "present_on": (STR, "ranks that compiled the graph"),
+        "missing_on": (STR, "ranks that did not"),
+        "truncated": (BOOL, "more groups than shown"),
+        "note": (STR, "the sentence the rule's message prints"),
+    },
+)
+_table(
+    "graph_collectives",
+    doc=(
+        "One row per collective inside a compiled graph, with the wait that consumes it and the compute ops between "
+        "them."
+    ),
+    builder="traceql.link.compile:graph_collectives",
+    scope="rank",
+    reads=["compile_evidence"],
+    columns={
+        "rank": (I32, "global rank"),
+        "compile_id": (STR, "torch.compile id frame/attempt"),
+        "graph": (STR, "the graph (compile id or FX key)"),
+        "graph_no": (I64, "graph order within the compile id"),
+        "op": (STR, "canonical collective op (all_reduce, ...)"),
+        "op_index": (I64, "index of the op in its graph"),
+        "wait_index": (I64, "op index of the wait_tensor that consumes it"),
+        "ops_between": (I64, "ops between the collective and its wait"),
+        "compute_between": (I64, "compute ops among them"),
+        "serialized": (BOOL, "no compute between the collective and its wait"),
+        "function": (STR, "co_name of the compiled frame"),
+    },
+)
+_table(
+    "compile_time",
+    doc=(
+        "One row per rank: total compile time, the recorded steps' time, the compile share, and the rank against the "
+        "median of the ranks."
+    ),
+    builder="traceql.link.compile:compile_time",
+    scope="run",
+    reads=["compile_events", "compile_evidence", "steps"],
+    columns={
+        "rank": (I32, "global rank"),
+        "compile_s": (F64, "compile time (s)"),
+        "compiles": (U32, "compiles counted"),
+        "steps_s": (F64, "recorded steps' time (s)"),
+        "n_steps": (U32, "steps recorded"),
+        "share_pct": (F64, "compile_s over compile_s + steps_s (%)"),
+        "across_median_s": (F64, "median compile_s across ranks (s)"),
+        "ratio": (F64, "compile_s over across_median_s"),
+        "skew_s": (F64, "compile_s minus across_median_s (s)"),
+        "n_ranks": (U32, "ranks compared"),
+        "steps_note": (STR, "what the recorded steps are, in words"),
+    },
+)
+_table(
+    "compile_failures",
+    doc=(
+        "One row per failed compile (fail_type, or WON'T CONVERT), grouped over the ranks where the same frame failed"
+        " the same way."
+    ),
+    builder="traceql.link.compile:compile_failures",
+    scope="run",
+    reads=["compile_events", "compile_evidence"],
+    columns={
+        "ranks": (RANKS, "the ranks of the row"),
+        "ranks_text": (STR, "the ranks as people read them (0-2,5)"),
+        "n_ranks": (U32, "ranks compared"),
+        "compile_ids": (STR, "the compile ids concerned"),
+        "first_compile_id": (STR, "the first failed compile id"),
+        "function": (STR, "co_name of the compiled frame"),
+        "location": (STR, "file:line of the compiled frame"),
+        "fail_type": (STR, "the exception type"),
+        "reason": (STR, "the reason the log gives"),
+        "backend": (STR, "the compiler backend"),
+        "category": (STR, "class of failure"),
+        "outcome": (STR, "what happened after (fell back to eager, ...)"),
+        "user_frame": (STR, "file:line of the user code"),
+        "note": (STR, "the sentence the rule's message prints"),
+    },
+)
+_table(
+    "compile_rank_divergence",
+    doc=(
+        "One row per aspect (collective schedule, cache hit pattern, input metadata) and group of odd ranks: what "
+        "those ranks compiled differently."
+    ),
+    builder="traceql.link.compile:compile_rank_divergence",
+    scope="run",
+    reads=["compile_evidence"],
+    columns={
+        "aspect": (STR, "collective_schedule, cache_pattern or input_metadata"),
+        "ranks": (RANKS, "the ranks of the row"),
+        "ranks_text": (STR, "the ranks as people read them (0-2,5)"),
+        "majority_ranks": (STR, "ranks holding the majority value"),
+        "n_ranks": (U32, "ranks compared"),
+        "compile_id": (STR, "torch.compile id frame/attempt"),
+        "compile_ids": (STR, "the compile ids concerned"),
+        "n_compile_ids": (U32, "how many"),
+        "here": (STR, "the odd ranks' value"),
+        "majority": (STR, "the majority's value"),
+        "note": (STR, "the sentence the rule's message prints"),
+    },
+)
+
+# nccl and flight recorder ----------------------------------------------------------------------------------------
+_table(
+    "nccl_comm_checks",
+    doc=(
+        "nccl_comms with the cross-rank and configuration facts the NCCL rules check: hosts, channels majority, "
+        "duplicate GPUs, transports, forced settings."
+    ),
+    builder="traceql.link.nccl:nccl_comm_checks",
+    scope="run",
+    reads=["nccl_comms"],
+    columns={
+        "rank": (I32, "global rank"),
+        "source": (I32, "source id (run.sources) the row comes from"),
+        "comm_id": (STR, "NCCL communicator id"),
+        "comm_rank": (I32, "rank within the communicator"),
+        "nranks": (I32, "ranks in the communicator"),
+        "nnodes": (I32, "nodes in the communicator"),
+        "host": (STR, "host name"),
+        "pid": (I64, "host process"),
+        "cuda_dev": (I32, "CUDA device of the communicator"),
+        "bus_id": (STR, "PCI bus id of the GPU"),
+        "version": (STR, "NCCL version"),
+        "network": (STR, "NCCL network (IB, Socket)"),
+        "transports": (STR, "JSON list of transports"),
+        "channels": (I32, "NCCL channels"),
+        "trees": (STR, "tree topology text"),
+        "rings": (STR, "ring topology text"),
+        "env": (STR, "JSON of NCCL_* echoes"),
+        "init_ms": (F64, "communicator init time (ms)"),
+        "n_hosts": (U32, "hosts of the communicator"),
+        "channels_majority": (I32, "most common channel count across ranks"),
+        "n_channel_values": (U32, "distinct channel counts across ranks"),
+        "dup_ranks": (RANKS, "ranks sharing this rank's GPU"),
+        "nodes": (I64, "nodes the run spans"),
+        "ib_present": (BOOL, "the logs show an IB device"),
+        "uses_socket": (BOOL, "the network transport is sockets"),
+        "virtual_socket_ifs": (STR, "virtual interfaces (docker0, lo, veth) NCCL uses"),
+        "bootstrap_if": (STR, "bootstrap interface"),
+        "plugin": (STR, "net plugin"),
+        "env_p2p_disable": (STR, "NCCL_P2P_DISABLE as echoed"),
+        "env_shm_disable": (STR, "NCCL_SHM_DISABLE as echoed"),
+        "nccl_algo": (STR, "NCCL_ALGO as echoed"),
+        "nccl_proto": (STR, "NCCL_PROTO as echoed"),
+        "gdr_level": (STR, "GPU Direct RDMA level"),
+        "gdr_off_why": (STR, "why GDR is off, where the log says"),
+        "p2p_disabled_pairs": (U32, "GPU pairs without P2P"),
+        "socket_where_ib_or_nodes": (BOOL, "sockets used although IB exists or the run spans nodes"),
+        "virtual_if": (STR, "the virtual interface used"),
+        "p2p_issue": (STR, "what disables P2P, in words"),
+        "gdr_disabled": (STR, "why GDR is disabled, in words"),
+        "channels_odd": (BOOL, "channels differ from the majority"),
+        "forced": (STR, "forced algorithm/protocol settings, in words"),
+        "virtual_if_multinode": (BOOL, "a virtual interface in a multi-node run"),
+    },
+)
+_table(
+    "nccl_config_diff",
+    doc="One row per NCCL setting and rank whose value differs from the majority of the ranks.",
+    builder="traceql.link.nccl:nccl_config_diff",
+    scope="run",
+    reads=["nccl_comms"],
+    columns={
+        "setting": (STR, "the setting compared"),
+        "rank": (I32, "global rank"),
+        "value": (STR, "this rank's value"),
+        "majority": (STR, "the majority's value"),
+        "majority_ranks": (STR, "ranks holding the majority value"),
+        "odd_ranks": (STR, "ranks with an odd value"),
+        "n_ranks": (U32, "ranks compared"),
+    },
+)
+_table(
+    "nccl_duplicate_gpu",
+    doc=(
+        "One row per GPU (host, bus id) that several ranks use, from NCCL's own warning or from the communicators' "
+        "init lines."
+    ),
+    builder="traceql.link.nccl:nccl_duplicate_gpu",
+    scope="run",
+    reads=["nccl_comm_checks", "nccl_events"],
+    columns={
+        "rank": (RANKS, "the ranks sharing the GPU"),
+        "host": (STR, "host name"),
+        "bus_id": (STR, "PCI bus id of the GPU"),
+        "origin": (STR, "NCCL WARN or comm init lines"),
+    },
+)
+_table(
+    "nccl_init",
+    doc="One row per rank and communicator: its init time and the phase that dominated it.",
+    builder="traceql.link.nccl:nccl_init",
+    scope="rank",
+    reads=["nccl_comms"],
+    columns={
+        "rank": (I32, "global rank"),
+        "comm_id": (STR, "NCCL communicator id"),
+        "host": (STR, "host name"),
+        "nranks": (I32, "ranks in the communicator"),
+        "version": (STR, "NCCL version"),
+        "init_ms": (F64, "communicator init time (ms)"),
+        "dominant": (STR, "the init phase that took longest"),
+        "dominant_ms": (F64, "its time (ms)"),
+    },
+)
+_table(
+    "nccl_error_handling",
+    doc=(
+        "One row per rank and error-handling setting (TORCH_NCCL_ASYNC_ERROR_HANDLING, timeouts) as the logs echo "
+        "them."
+    ),
+    builder="traceql.link.nccl:nccl_error_handling",
+    scope="rank",
+    reads=["nccl_events"],
+    columns={
+        "rank": (I32, "global rank"),
+        "setting": (STR, "the setting compared"),
+        "value": (STR, "the setting's value"),
+        "async_error_handling": (I64, "TORCH_NCCL_ASYNC_ERROR_HANDLING value"),
+        "timeout_ms": (I64, "the watchdog timeout (ms)"),
+    },
+)
+_table(
+    "nccl_errors",
+    doc=(
+        "nccl_events that are errors, with the trail of lines that led to them, the return code, and which one is the"
+        " root cause."
+    ),
+    builder="traceql.link.nccl:nccl_errors",
+    scope="run",
+    reads=["nccl_events"],
+    columns={
+        "rank": (I32, "global rank"),
+        "source": (I32, "source id (run.sources) the row comes from"),
+        "kind": (STR, "as nccl_events.kind"),
+        "ts": (I64, "wall-clock ns where the log has a time"),
+        "line": (I64, "line number in the log"),
+        "level": (STR, "INFO, WARN, ..."),
+        "comm_id": (STR, "NCCL communicator id"),
+        "pg_name": (STR, "process group name"),
+        "seq": (I64, "sequence number within the group"),
+        "op": (STR, "canonical collective op (all_reduce, ...)"),
+        "numel_in": (I64, "input elements"),
+        "numel_out": (I64, "output elements"),
+        "timeout_ms": (I64, "the watchdog timeout (ms)"),
+        "ran_ms": (I64, "how long the op ran before the timeout (ms)"),
+        "text": (STR, "the log line's text"),
+        "detail": (STR, "JSON with the rest of the record"),
+        "detector": (BOOL, "the rank's watchdog detected a failure (it reports, it did not cause)"),
+        "trail": (STR, "the lines that led to the error"),
+        "retcode": (I64, "NCCL return code"),
+        "root_cause": (BOOL, "the error most likely at the root"),
+    },
+)
+_table(
+    "nccl_timeouts",
+    doc=(
+        "One row per watchdog timeout or hang: the op and seq the reporting ranks were stuck on, the majority's, and "
+        "the rank that most likely caused it."
+    ),
+    builder="traceql.link.nccl:nccl_timeouts",
+    scope="run",
+    reads=["collectives", "nccl_comms", "nccl_errors", "nccl_events"],
+    columns={
+        "kind": (STR, "timeout, hang, ..."),
+        "pg_name": (STR, "process group name"),
+        "rank": (RANKS, "the reporting ranks"),
+        "seq": (I64, "sequence number within the group"),
+        "op": (STR, "canonical collective op (all_reduce, ...)"),
+        "majority_seq": (I64, "seq most ranks were on"),
+        "majority_op": (STR, "op most ranks were on"),
+        "majority_ranks": (STR, "ranks holding the majority value"),
+        "n_reporting": (I64, "ranks that reported"),
+        "n_expected": (I64, "ranks expected"),
+        "detectors": (STR, "ranks whose watchdog fired"),
+        "root_rank": (I32, "the rank that most likely caused it"),
+        "detail": (STR, "JSON with the rest of the record"),
+    },
+)
+_table(
+    "fr_mismatches",
+    doc="One row per Flight Recorder entry where a rank's op or size differs from the majority's at the same seq.",
+    builder="traceql.link.nccl:fr_mismatches",
+    scope="run",
+    reads=["collectives"],
+    columns={
+        "kind": (STR, "what differs: op, size, ..."),
+        "pg_name": (STR, "process group name"),
+        "pg_desc": (STR, "process group description"),
+        "seq": (I64, "sequence number within the group"),
+        "rank": (I32, "global rank"),
+        "value": (STR, "this rank's value"),
+        "majority": (STR, "the majority's value"),
+        "majority_ranks": (STR, "ranks holding the majority value"),
+        "n_ranks": (I64, "ranks compared"),
+    },
+)
+_table(
+    "nccl_comm_collectives",
+    doc=(
+        "One row per rank and communicator: the collectives it carried and their bytes, with its transports and "
+        "channels."
+    ),
+    builder="traceql.link.nccl:nccl_comm_collectives",
+    scope="rank",
+    reads=["collectives", "nccl_comms"],
+    columns={
+        "rank": (I32, "global rank"),
+        "comm_id": (STR, "NCCL communicator id"),
+        "nranks": (I32, "ranks in the communicator"),
+        "pg_name": (STR, "process group name"),
+        "pg_desc": (STR, "process group description"),
+        "n_collectives": (U32, "collectives counted"),
+        "bytes": (I64, "message size in bytes"),
+        "transports": (STR, "JSON list of transports"),
+        "channels": (I32, "NCCL channels"),
+    },
+)
+
+# inputs ----------------------------------------------------------------------------------------------------------
+_table(
+    "input_stall",
+    doc=(
+        "One row per rank, source and step: how long the training loop waited for its next batch, what it cost the "
+        "GPU, and the pinning and host-to-device copies beside it."
+    ),
+    builder="traceql.link.input_pipeline:input_stall",
+    scope="rank",
+    reads=["host_ops", "kernels", "steps"],
+    columns={
+        "rank": (I32, "global rank"),
+        "source": (I32, "source id (run.sources) the row comes from"),
+        "step": (I64, "training step (null outside any step)"),
+        "step_ms": (F64, "the step's time: the longer of its host range and its GPU span (ms)"),
+        "loader_ms": (F64, "union of the DataLoader __next__ ranges in the step (ms)"),
+        "loader_calls": (I64, "__next__ calls in the step"),
+        "stall_ms": (F64, "what the wait cost: GPU idle inside the ranges, or the whole loader time without GPU (ms)"),
+        "stall_pct": (F64, "stall_ms over step_ms (%)"),
+        "gpu_side": (BOOL, "the source has GPU activity"),
+        "iterator": (STR, "DataLoader iterator class"),
+        "workers": (STR, "worker setting, in words"),
+        "pin_ms": (F64, "pin_memory host time in the step (ms)"),
+        "h2d_ms": (F64, "host-to-device memcpy GPU time in the step (ms)"),
+        "h2d_pageable": (I64, "of those copies, from pageable memory"),
+    },
+)
+_table(
+    "source_problems",
+    doc=(
+        "One row per source problem found while resolving ranks: two sources that claim one rank, copies of one file."
+    ),
+    builder="traceql.link.ranks:source_problems",
+    scope="run",
+    reads=[],
+    columns={
+        "rank": (I32, "global rank"),
+        "kind": (STR, "the source's kind"),
+        "problem": (STR, "collision, copy, ..."),
+        "source": (I32, "source id (run.sources) the row comes from"),
+        "path": (STR, "the source's file"),
+        "origin": (STR, "where the source's rank came from"),
+        "kept_source": (I32, "the source kept for the rank"),
+        "kept": (STR, "its file"),
+        "kept_origin": (STR, "where its rank came from"),
+        "detail": (STR, "what happened, in words"),
+    },
+)
+
+
+
+def schema(name: str) -> dict[str, pl.DataType]:
+    """The columns and dtypes of a canonical or derived table; KeyError for any other name."""
+    if name in SCHEMAS:
+        return SCHEMAS[name]
+    return DERIVED[name].schema
+
+
+def empty(name: str) -> pl.DataFrame:
+    """An empty frame of a canonical or derived table's schema (what load-time validation runs SQL on)."""
+    return pl.DataFrame(schema=schema(name))
+
+
+def canonical_reads(name: str) -> set[str]:
+    """The canonical tables a table is built from, following derived tables down to them."""
+    if name in SCHEMAS:
+        return {name}
+    out: set[str] = set()
+    for r in DERIVED[name].reads:
+        out |= canonical_reads(r)
+    return out
