@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import textwrap
 import shutil
 from pathlib import Path
 
@@ -191,16 +192,22 @@ DEMO = SAMPLES / "demo"
 
 
 def _broken_rules(tmp_path) -> Path:
-    """The bundled TQL101 plus a rule whose condition names a column its table lacks: it errors when it runs."""
+    """The bundled TQL101 plus a rule that loads (its names are all valid) and fails when it runs on data: it casts
+    kernel names to integers."""
     from traceql.rules.loader import default_rules_dir
 
     d = tmp_path / "rules"
     d.mkdir()
     shutil.copy(next(default_rules_dir().glob("TQL101-*.yaml")), d)
-    text = next(default_rules_dir().glob("TQL208-*.yaml")).read_text()
-    lines = [ln for ln in text.splitlines() if not ln.startswith("condition:")]
-    lines.insert(3, 'condition: "no_such_column > 1"')
-    (d / "TQL208-broken.yaml").write_text("\n".join(lines) + "\n")
+    (d / "TQL208-broken.yaml").write_text(textwrap.dedent("""\
+        id: TQL208
+        name: broken-at-evaluation
+        severity: info
+        summary: Casts kernel names to numbers, which fails on any real trace.
+        sql: "SELECT rank, CAST(name AS BIGINT) AS name_number FROM kernels"
+        message: "rank {rank}: {name_number}"
+        docs: {why: a test, fix: none}
+    """))
     return d
 
 
@@ -209,7 +216,7 @@ def test_a_rule_that_errors_is_exit_3_and_never_no_findings(tmp_path):
     r = CliRunner().invoke(main, ["check", str(DEMO), "--rules", str(rules), "--quiet", "--fail-on", "never"])
     assert r.exit_code == 3, r.output
     errs = [ln for ln in r.stdout.splitlines() if "rule error" in ln]
-    assert len(errs) == 1 and "TQL208" in errs[0] and "no_such_column" in errs[0]
+    assert len(errs) == 1 and "TQL208" in errs[0] and "TQL208-broken.yaml" in errs[0]
     assert "No findings" not in r.stdout and "1 rule(s) failed" in r.stdout
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("traceql:") and "TQL208" in line and "incomplete" in line
@@ -249,12 +256,12 @@ def test_an_empty_rule_folder_is_exit_2(tmp_path):
     assert r.exit_code == 2 and "no rule files" in r.stderr
 
 
-def test_an_invalid_rule_file_is_exit_3(tmp_path):
+def test_an_invalid_rule_file_is_exit_2(tmp_path):
     d = tmp_path / "rules"
     d.mkdir()
     (d / "TQL101-x.yaml").write_text("id: TQL101\nname: Not Kebab\n")
     r = CliRunner().invoke(main, ["check", str(DEMO), "--rules", str(d), "--quiet"])
-    assert r.exit_code == 3 and len(r.stderr.strip().splitlines()) == 1 and "TQL101-x.yaml" in r.stderr
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1 and "TQL101-x.yaml" in r.stderr
 
 
 def test_a_source_error_is_one_line_even_with_a_newline_in_its_name(tmp_path):

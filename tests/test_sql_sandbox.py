@@ -125,7 +125,7 @@ def test_check_with_hostile_rule_never_reports_the_file(tmp_path, secret_file):
     shutil.copytree(DEMO, run)
     for fmt in ("text", "sarif", "json"):
         r = CliRunner().invoke(main, ["check", str(run), "--rules", str(rules), "--format", fmt, "--no-cache", "-q"])
-        assert r.exit_code == 3, r.output  # a rule error (exit 3 by the contract), before any source is read
+        assert r.exit_code == 2, r.output  # a broken rule file is configuration (exit 2), refused before any source is read
         assert SECRET not in r.output
         assert "field 'sql'" in r.output
 

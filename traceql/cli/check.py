@@ -52,8 +52,8 @@ def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_p
     except (ConfigError, pipeline.NothingToAnalyse) as e:
         _fail(str(e))
         return
-    except RuleError as e:
-        _fail(str(e), EXIT_INTERNAL)
+    except RuleError as e:  # a broken rule file is configuration: nothing ran
+        _fail(str(e), EXIT_USAGE)
         return
     except Exception as e:  # an internal error must not pass as a clean (or a usage) exit
         _internal(e)

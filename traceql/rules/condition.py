@@ -3,7 +3,8 @@
 Grammar (a subset of Python's expression syntax, parsed with `ast` and checked node by node):
 names (output columns or params), numbers, 'strings', True/False/None, and/or/not, comparisons (== != < <= > >=,
 chained), `x is null` / `x is not null` (also `is None`), + - * / and unary minus, abs(x), min(a, b), max(a, b),
-len(x) for list columns, `x in ['a', 'b']` or `x in some_list_param`, matches(x, 'regex' or a param).
+len(x) for list columns, `x in ['a', 'b']` or `x in some_list_param`, matches(x, 'regex' or a param),
+coalesce(a, b, ...) (the first that is not null), when(test, a, b) (a where test holds, else b).
 """
 
 from __future__ import annotations
@@ -117,11 +118,13 @@ class _Compiler:
             return pl.col(name)
         if name in ("true", "false"):
             return pl.lit(name == "true")
+        if name == "null":
+            return pl.lit(None)
         self.fail(f"unknown name {name!r}; columns: {sorted(self.columns)}; params: {sorted(self.params)}")
 
     def v_Call(self, node):
         if not isinstance(node.func, ast.Name) or node.keywords:
-            self.fail("only abs(), min(), max(), len(), matches() calls are allowed")
+            self.fail("only abs(), min(), max(), len(), matches(), coalesce(), when() calls are allowed")
         fn = node.func.id
         if fn == "matches" and len(node.args) == 2:
             pat = node.args[1]
@@ -139,6 +142,10 @@ class _Compiler:
             return args[0].abs()
         if fn == "len" and len(args) == 1:
             return args[0].list.len()
+        if fn == "coalesce" and args:
+            return pl.coalesce(args)
+        if fn == "when" and len(args) == 3:
+            return pl.when(args[0]).then(args[1]).otherwise(args[2])
         if fn in ("min", "max") and len(args) == 2:
             return pl.min_horizontal(args) if fn == "min" else pl.max_horizontal(args)
         self.fail(f"{fn}() is not allowed or has the wrong number of arguments")

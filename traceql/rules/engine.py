@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 import string
+from typing import TYPE_CHECKING
 
 import polars as pl
 
@@ -15,9 +16,11 @@ from traceql.model import Finding, Run
 from traceql.model.result import RuleResult
 from traceql.model.ranks import format_ranks
 from traceql import intervals as measures
-from traceql.rules import sql_guard
+from traceql.rules import compose, sql_guard, views as viewsmod
 from traceql.rules.condition import ConditionError, compile_condition
-from traceql.rules.loader import Rule
+
+if TYPE_CHECKING:
+    from traceql.rules.loader import Rule
 
 
 class RuleRunError(RuntimeError):
@@ -57,10 +60,25 @@ def _filter_expr(col: str, cond, schema) -> pl.Expr:
     return c == cond
 
 
-def select(run: Run, table: str, where: dict | None, keep: list[str] | None = None) -> pl.DataFrame:
-    """Rows of `table` matching `where`; with `keep`, only those columns (and the filtered ones) when all of `keep`
-    that a measure must have exist, so that filtering does not copy wide columns the measure never reads."""
-    df = link.ensure(run, table)
+def table(run: Run, name: str, views: dict | None = None) -> pl.DataFrame:
+    """A canonical or derived table, or a named view (rules/views/) of the rule pack."""
+    if views and name in views and name not in link.derived_tables():
+        return viewsmod.frame(run, name, views)
+    return link.ensure(run, name)
+
+
+def select(run: Run, table_name: str, where: dict | None, keep: list[str] | None = None, views: dict | None = None,
+           span: list[str] | None = None) -> pl.DataFrame:
+    """Rows of `table_name` matching `where`; with `keep`, only those columns (and the filtered ones) when all of
+    `keep` that a measure must have exist, so that filtering does not copy wide columns the measure never reads.
+    span: [start, end] columns that interval measures read instead of ts and end (they become ts and end)."""
+    df = table(run, table_name, views)
+    if span and list(span) != ["ts", "end"]:
+        a, b = span
+        if a not in df.columns or b not in df.columns:
+            raise RuleRunError(f"field 'select.span': no column {a if a not in df.columns else b!r} in {table_name}; "
+                               f"valid columns: {list(df.columns)}")
+        df = df.drop([c for c in ("ts", "end") if c in df.columns]).rename({a: "ts", b: "end"})
     if keep is not None and set(keep) | set(where or {}) <= set(df.columns):  # else errors name every column
         wanted = set(keep) | set(where or {}) | {"source", "name"}
         df = df.select([c for c in df.columns if c in wanted])
@@ -82,9 +100,40 @@ def _with_step_time(run: Run, out: pl.DataFrame) -> pl.DataFrame:
     return out.join(st, on=["rank", "step"], how="left")
 
 
-def _measure(run: Run, rule: Rule, raw_gaps: bool = False) -> pl.DataFrame:
-    out = _measure_raw(run, rule, raw_gaps)
-    return _with_step_time(run, out) if rule.select["measure"] != "rows" else out
+def _measure(run: Run, rule: Rule, raw_gaps: bool = False, params: dict | None = None) -> pl.DataFrame:
+    return run_select(run, rule.select, params if params is not None else rule.defaults(), rule.views, raw_gaps)
+
+
+def run_select(run: Run, s: dict, params: dict, views: dict | None = None, raw_gaps: bool = False) -> pl.DataFrame:
+    """A selection: its measure (or the join of two selections), step times for per-step outputs, then its stages
+    (compute, filter, steps, across_ranks, then: [...]; traceql.rules.compose)."""
+    if s["measure"] == "join":
+        left = run_select(run, s["left"], params, views)
+        right = run_select(run, s["right"], params, views)
+        out = compose.join(left, right, list(s.get("on") or ["rank", "step"]), s.get("how", "left"), s.get("prefix"))
+        out = _with_step_time(run, out)
+    else:
+        out = _measure_raw(run, s, raw_gaps, views)
+        out = _with_step_time(run, out) if s["measure"] != "rows" else out
+    for kind, spec in stages(s):
+        if kind == "compute":
+            out = compose.compute(out, spec, params)
+        elif kind == "filter":
+            out = compose.keep(out, spec, params)
+        elif kind == "steps":
+            warm = link.ensure(run, "warmup_steps") if spec.get("skip_warmup") else None
+            out = compose.steps(out, spec, warm)
+        elif kind == "across_ranks":
+            out = compose.across_ranks(out, spec)
+    return out
+
+
+def stages(s: dict) -> list[tuple[str, object]]:
+    """The selection's stages in the order they run: the fixed keys first, then the `then` list."""
+    out = [(k, s[k]) for k in compose.STAGES if s.get(k) is not None]
+    for st in s.get("then") or []:
+        out.extend((k, st[k]) for k in compose.STAGES if k in st)
+    return out
 
 
 # Columns the gaps measure adds row by row after the sweep (readable names, what the host was doing). When a
@@ -109,12 +158,13 @@ def _condition_reads_late_gap_columns(rule: Rule, values: dict, columns: list[st
         return True  # let the ordinary path report it
 
 
-def _measure_raw(run: Run, rule: Rule, raw_gaps: bool = False) -> pl.DataFrame:
-    s = rule.select
+def _measure_raw(run: Run, s: dict, raw_gaps: bool = False, views: dict | None = None) -> pl.DataFrame:
     m = s["measure"]
     per = list(s.get("per") or ["rank"])
     interval = m in ("union", "overlap", "exposed", "gaps")
-    df = select(run, s["table"], s.get("where"), keep=[*per, "ts", "end"] if interval else None)
+    span = s.get("span")
+    df = select(run, s["table"], s.get("where"), keep=[*per, *(span or ["ts", "end"])] if interval else None,
+                views=views, span=span)
     if interval and "source" in df.columns and "source" not in per:
         per.append("source")  # intervals from two sources of one rank are on different clocks: never mix them
     if m == "rows":
@@ -127,7 +177,8 @@ def _measure_raw(run: Run, rule: Rule, raw_gaps: bool = False) -> pl.DataFrame:
         return measures.union(df, per)
     if m in ("overlap", "exposed"):
         ag = s["against"]
-        other = select(run, ag["table"], ag.get("where"), keep=[*per, "ts", "end"])
+        other = select(run, ag["table"], ag.get("where"), keep=[*per, *(ag.get("span") or ["ts", "end"])], views=views,
+                       span=ag.get("span"))
         return measures.coverage(df, other, per)
     if m == "gaps":
         out = measures.gaps(df, per, shorten=False)
@@ -155,13 +206,13 @@ def _rank_slices(df: pl.DataFrame) -> dict[int, tuple[int, int]] | None:
 
 def _sql(run: Run, rule: Rule) -> pl.DataFrame:
     query = rule.sql
-    known = set(run.tables) | set(link.derived_tables())
+    known = set(run.tables) | set(link.derived_tables()) | set(rule.views or {})
     try:  # again here, with the run's table names: only those reach polars, and no table function does
         sql_guard.check(query, known)
     except sql_guard.SqlRefused as e:
         raise RuleRunError(f"field 'sql': {e}") from None
-    names = [n for n in known if n in query]
-    frames = {n: link.ensure(run, n) for n in names}
+    names = viewsmod.named(query, sorted(known))
+    frames = {n: table(run, n, rule.views) for n in names}
     if rule.cross_rank:
         ctx = pl.SQLContext(frames=frames, eager=True)
         return ctx.execute(query, eager=True)
@@ -395,8 +446,9 @@ def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
         return RuleResult(rule, "skipped", f"compares ranks, and rank(s) {format_ranks(clash)} are claimed by several "
                                            "sources (TQL001 rank-collision); check each run on its own")
     try:
-        gaps_late = rule.select is not None and rule.select["measure"] == "gaps"
-        out = _measure(run, rule, raw_gaps=gaps_late) if rule.select is not None else _sql(run, rule)
+        # gaps' late columns (what the host was doing) are added after the condition, where no stage comes between
+        gaps_late = rule.select is not None and rule.select["measure"] == "gaps" and not stages(rule.select)
+        out = _measure(run, rule, raw_gaps=gaps_late, params=values) if rule.select is not None else _sql(run, rule)
         if gaps_late and (not rule.condition or _condition_reads_late_gap_columns(rule, values, out.columns)):
             out = _finish_gaps(run, out)
             gaps_late = False
@@ -406,7 +458,7 @@ def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
             out = _finish_gaps(run, out)
         if out.height and rule.collapse:
             out = _collapse(out, rule.collapse, rule)
-    except (ConditionError, RuleRunError, pl.exceptions.PolarsError) as e:
+    except (ConditionError, RuleRunError, compose.StageError, pl.exceptions.PolarsError) as e:
         return RuleResult(rule, "error", f"{rule.path.name}: {type(e).__name__}: {str(e).splitlines()[0]}")
     findings = []
     for row in out.iter_rows(named=True):

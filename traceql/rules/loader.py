@@ -1,37 +1,35 @@
-"""Load and validate rule files. Rule files are untrusted data: safe-loaded, checked field by field."""
+"""Load and validate rule files. Rule files are untrusted data: safe-loaded, checked field by field, then checked
+against the declared schemas (traceql.rules.schema): tables, columns, message fields and evidence names."""
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from traceql.model import SEVERITIES
-from traceql.rules import sql_guard
+from traceql.rules import schema, sql_guard
+from traceql.rules.compose import ACROSS_FIELDS, JOIN_HOW, STAGES, STEP_AGGS, STEPS_FIELDS
+from traceql.rules.views import View, ViewError, load_views
+from traceql.rules.yamlfile import MAX_RULE_BYTES, MAX_RULE_NODES, RuleError, load_yaml
+
+__all__ = ["MAX_RULE_BYTES", "MAX_RULE_NODES", "Rule", "RuleError", "load_rule", "load_rules", "load_yaml", "parse_rule"]
 
 ID_RE = re.compile(r"^TQL(?!000)\d\d\d$")  # area 0: the inputs themselves (TQL001)
 NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
-MEASURES = ("rows", "count", "sum", "union", "overlap", "exposed", "gaps", "spread", "distinct")
+MEASURES = ("rows", "count", "sum", "union", "overlap", "exposed", "gaps", "spread", "distinct", "join")
 FILTER_OPS = ("eq", "ne", "lt", "le", "gt", "ge", "in", "not_in", "regex", "not_regex", "is_null", "not_null")
 _TOP_FIELDS = {
     "id", "name", "severity", "summary", "needs", "params", "select", "sql", "cross_rank", "condition", "message",
     "evidence", "ranks_column", "step_column", "location", "collapse", "docs", "fixtures", "tags",
+    "fact",  # "module:function" of link/ that builds the rule's fact, where its logic is Python (rules explain)
+    "cost",  # how a finding's cost per step is worked out (the root-cause work reads it): a mapping
+    "views",  # the named views (rules/views/) the rule's SQL reads
 }
-_SELECT_FIELDS = {"measure", "table", "where", "against", "per", "column", "agg", "scale", "key", "value"}
-
-
-_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-# A rule file is a page of text: the largest in the pack is about 5 KB. The cap keeps a hostile --rules folder from
-# making the parser read gigabytes; aliases are refused below (a 600-byte "billion laughs" file expands to 10^9 nodes
-# when its values are turned into strings).
-MAX_RULE_BYTES = 256 << 10
-MAX_RULE_NODES = 100_000
-
-
-class RuleError(ValueError):
-    """A rule file is invalid. The message names the file and the field."""
+_SELECT_FIELDS = {"measure", "table", "where", "against", "per", "column", "agg", "scale", "key", "value", "span",
+                  "left", "right", "on", "how", "prefix", *STAGES, "then"}
+FACT_RE = re.compile(r"^traceql(\.[a-z_][a-z0-9_]*)+:[a-z_][a-z0-9_]*$")
 
 
 @dataclass
@@ -56,6 +54,10 @@ class Rule:
     docs: dict = field(default_factory=dict)
     fixtures: dict = field(default_factory=dict)
     tags: list[str] = field(default_factory=list)
+    fact: str | None = None
+    cost: dict | None = None
+    uses_views: list[str] = field(default_factory=list)  # the rule's `views:` field
+    views: dict[str, View] = field(default_factory=dict, repr=False)  # every view of the rule pack it was loaded with
 
     def defaults(self) -> dict:
         return {k: v.get("default") for k, v in self.params.items()}
@@ -72,6 +74,13 @@ def _err(path: Path, fld: str, msg: str) -> RuleError:
     return RuleError(f"{path}: field '{fld}': {msg}")
 
 
+def _unknown(path: Path, fld: str, key: str, valid) -> RuleError:
+    """An unknown key, with the nearest valid one where there is one (a typo), and every valid choice."""
+    close = difflib.get_close_matches(str(key), sorted(valid), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return _err(path, fld, f"unknown field; {hint}valid fields: {', '.join(sorted(valid))}")
+
+
 def _check_where(path: Path, fld: str, where) -> None:
     if where is None:
         return
@@ -84,12 +93,116 @@ def _check_where(path: Path, fld: str, where) -> None:
                     raise _err(path, f"{fld}.{col}", f"unknown operator {op!r}; valid: {', '.join(FILTER_OPS)}")
 
 
-def parse_rule(data, path: Path) -> Rule:
+def _str_list(path: Path, fld: str, v, n: int | None = None) -> None:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v) or (n is not None and len(v) != n):
+        raise _err(path, fld, f"must be a list of {n or ''}{' ' if n else ''}column names")
+
+
+def _check_stages(path: Path, fld: str, st: dict) -> None:
+    comp = st.get("compute")
+    if comp is not None and (not isinstance(comp, dict) or not all(isinstance(v, str) for v in comp.values())):
+        raise _err(path, f"{fld}.compute", 'must be a mapping of new column -> expression, e.g. {net_ms: "a - b"}')
+    if st.get("filter") is not None and not isinstance(st["filter"], str):
+        raise _err(path, f"{fld}.filter", "must be an expression (the condition's grammar)")
+    w = st.get("steps")
+    if w is not None:
+        if not isinstance(w, dict):
+            raise _err(path, f"{fld}.steps", "must be a mapping: skip_first, skip_warmup, agg, of, per")
+        for k in w:
+            if k not in STEPS_FIELDS:
+                raise _unknown(path, f"{fld}.steps.{k}", k, STEPS_FIELDS)
+        if w.get("agg", "median") not in STEP_AGGS:
+            raise _err(path, f"{fld}.steps.agg", f"{w.get('agg')!r} is not one of {', '.join(STEP_AGGS)}")
+        if w.get("agg") == "worst" and not isinstance(w.get("of"), str):
+            raise _err(path, f"{fld}.steps.of", "agg worst needs of: the column whose largest value is the worst step")
+        if not isinstance(w.get("skip_first", 0), int) or w.get("skip_first", 0) < 0:
+            raise _err(path, f"{fld}.steps.skip_first", "must be a whole number of steps (0 or more)")
+        if w.get("per") is not None:
+            _str_list(path, f"{fld}.steps.per", w["per"])
+    x = st.get("across_ranks")
+    if x is not None:
+        if not isinstance(x, dict):
+            raise _err(path, f"{fld}.across_ranks", "must be a mapping: key: [columns], value: column or [columns]")
+        for k in x:
+            if k not in ACROSS_FIELDS:
+                raise _unknown(path, f"{fld}.across_ranks.{k}", k, ACROSS_FIELDS)
+        _str_list(path, f"{fld}.across_ranks.key", x.get("key"))
+        v = x.get("value")
+        if not (isinstance(v, str) or (isinstance(v, list) and v and all(isinstance(c, str) for c in v))):
+            raise _err(path, f"{fld}.across_ranks.value", "must be a column or a list of columns")
+
+
+def _check_select(path: Path, fld: str, sel) -> None:
+    """The shape of a selection (recursively for join sides); columns and tables are checked by rules.schema."""
+    if not isinstance(sel, dict):
+        raise _err(path, fld, "must be a mapping")
+    if True in sel and "on" not in sel:  # YAML 1.1 reads a bare `on:` key as the boolean true
+        sel["on"] = sel.pop(True)
+    for k in sel:
+        if k not in _SELECT_FIELDS:
+            raise _unknown(path, f"{fld}.{k}", k, _SELECT_FIELDS)
+    m = sel.get("measure")
+    if m not in MEASURES:
+        raise _err(path, f"{fld}.measure", f"{m!r} is not one of {', '.join(MEASURES)}")
+    if m == "join":
+        for side in ("left", "right"):
+            if not isinstance(sel.get(side), dict):
+                raise _err(path, f"{fld}.{side}", "measure join needs left: {measure, table, ...} and right: {...}")
+            _check_select(path, f"{fld}.{side}", sel[side])
+        if sel.get("on") is not None:
+            _str_list(path, f"{fld}.on", sel["on"])
+        if sel.get("how", "left") not in JOIN_HOW:
+            raise _err(path, f"{fld}.how", f"{sel.get('how')!r} is not one of {', '.join(JOIN_HOW)}")
+        pre = sel.get("prefix")
+        if pre is not None and not isinstance(pre, str) and not (isinstance(pre, dict) and set(pre) <= {"left", "right"}
+                                                                  and all(isinstance(v, str) for v in pre.values())):
+            raise _err(path, f"{fld}.prefix", "must be a string (for the right side) or {left: str, right: str}")
+        if "table" in sel:
+            raise _err(path, f"{fld}.table", "a join reads its tables in left and right, not here")
+    else:
+        for k in ("left", "right", "on", "how", "prefix"):
+            if k in sel:
+                raise _err(path, f"{fld}.{k}", "only measure join takes left, right, on, how and prefix")
+        if not isinstance(sel.get("table"), str):
+            raise _err(path, f"{fld}.table", "is required (a canonical or derived table name, or a view)")
+        _check_where(path, f"{fld}.where", sel.get("where"))
+        if sel.get("per") is not None:
+            _str_list(path, f"{fld}.per", sel["per"])
+        if sel.get("span") is not None:
+            _str_list(path, f"{fld}.span", sel["span"], 2)
+        if m in ("overlap", "exposed"):
+            ag = sel.get("against")
+            if not isinstance(ag, dict) or "table" not in ag:
+                raise _err(path, f"{fld}.against", f"measure {m} needs against: {{table, where}}")
+            for k in ag:
+                if k not in ("table", "where", "span"):
+                    raise _unknown(path, f"{fld}.against.{k}", k, {"table", "where", "span"})
+            _check_where(path, f"{fld}.against.where", ag.get("where"))
+            if ag.get("span") is not None:
+                _str_list(path, f"{fld}.against.span", ag["span"], 2)
+        if m == "distinct" and (not sel.get("key") or not sel.get("value")):
+            raise _err(path, f"{fld}.key", "measure distinct needs key: [columns] and value: column")
+        if m == "spread" and not sel.get("column"):
+            raise _err(path, f"{fld}.column", "measure spread needs column")
+    _check_stages(path, fld, sel)
+    then = sel.get("then")
+    if then is not None:
+        if not isinstance(then, list):
+            raise _err(path, f"{fld}.then", f"must be a list of stages, each one of {', '.join(STAGES)}")
+        for i, st in enumerate(then):
+            if not isinstance(st, dict) or len(st) != 1 or next(iter(st)) not in STAGES:
+                raise _err(path, f"{fld}.then[{i}]", f"each stage is a mapping with one key: {', '.join(STAGES)}")
+            _check_stages(path, f"{fld}.then[{i}]", st)
+
+
+def parse_rule(data, path: Path, views: dict[str, View] | None = None, validate: bool = True) -> Rule:
+    """A Rule from a rule file's data, checked field by field; with validate, also against the declared schemas
+    and the views (rules.schema): a rule that loads can only fail at evaluation on the data, not on its names."""
     if not isinstance(data, dict):
         raise RuleError(f"{path}: a rule file must hold one mapping (id, name, severity, ...), got {type(data).__name__}")
-    unknown = set(data) - _TOP_FIELDS
-    if unknown:
-        raise _err(path, sorted(unknown)[0], f"unknown field; valid fields: {', '.join(sorted(_TOP_FIELDS))}")
+    for k in sorted(data, key=str):
+        if k not in _TOP_FIELDS:
+            raise _unknown(path, str(k), k, _TOP_FIELDS)
     for req in ("id", "name", "severity", "summary", "message", "docs"):
         if req not in data:
             raise _err(path, req, "is required")
@@ -115,40 +228,35 @@ def parse_rule(data, path: Path) -> Rule:
         norm_params[k] = v
     sel = data.get("select")
     if sel is not None:
-        if not isinstance(sel, dict):
-            raise _err(path, "select", "must be a mapping")
-        bad = set(sel) - _SELECT_FIELDS
-        if bad:
-            raise _err(path, f"select.{sorted(bad)[0]}", f"unknown field; valid: {', '.join(sorted(_SELECT_FIELDS))}")
-        if sel.get("measure") not in MEASURES:
-            raise _err(path, "select.measure", f"{sel.get('measure')!r} is not one of {', '.join(MEASURES)}")
-        if not isinstance(sel.get("table"), str):
-            raise _err(path, "select.table", "is required (a canonical or derived table name)")
-        _check_where(path, "select.where", sel.get("where"))
-        if sel["measure"] in ("overlap", "exposed"):
-            ag = sel.get("against")
-            if not isinstance(ag, dict) or "table" not in ag:
-                raise _err(path, "select.against", f"measure {sel['measure']} needs against: {{table, where}}")
-            _check_where(path, "select.against.where", ag.get("where"))
-        if sel["measure"] == "distinct" and (not sel.get("key") or not sel.get("value")):
-            raise _err(path, "select.key", "measure distinct needs key: [columns] and value: column")
-        if sel["measure"] == "spread" and not sel.get("column"):
-            raise _err(path, "select.column", "measure spread needs column")
+        _check_select(path, "select", sel)
     if "sql" in data and not isinstance(data["sql"], str):
         raise _err(path, "sql", "must be a string holding one SELECT")
     if "sql" in data:
-        try:  # table functions (read_csv, ...) would let a rule read files; the table names are checked at run time
+        try:  # table functions (read_csv, ...) would let a rule read files; table names are checked in rules.schema
             sql_guard.check(data["sql"])
         except sql_guard.SqlRefused as e:
             raise _err(path, "sql", str(e)) from None
-    for listf in ("evidence", "location", "collapse", "needs", "tags"):
+    for listf in ("evidence", "location", "collapse", "needs", "tags", "views"):
         v = data.get(listf)
         if v is not None and not isinstance(v, list):
             raise _err(path, listf, "must be a list")
+    for strf in ("message", "summary", "condition", "ranks_column", "step_column"):
+        v = data.get(strf)
+        if v is not None and not isinstance(v, str):
+            raise _err(path, strf, "must be a string")
+    fact = data.get("fact")
+    if fact is not None and (not isinstance(fact, str) or not FACT_RE.match(fact)):
+        raise _err(path, "fact", f"{fact!r} is not module:function of traceql, e.g. traceql.link.nccl:nccl_errors")
+    cost = data.get("cost")
+    if cost is not None and not isinstance(cost, dict):
+        raise _err(path, "cost", "must be a mapping")
     fixtures = data.get("fixtures") or {}
     if not isinstance(fixtures, dict):
         raise _err(path, "fixtures", "must be a mapping with 'fire' and 'quiet' lists")
-    return Rule(
+    for k in fixtures:
+        if k not in ("fire", "quiet"):
+            raise _unknown(path, f"fixtures.{k}", k, {"fire", "quiet"})
+    rule = Rule(
         id=rid,
         name=name,
         severity=sev,
@@ -169,61 +277,40 @@ def parse_rule(data, path: Path) -> Rule:
         docs=docs,
         fixtures=fixtures,
         tags=data.get("tags") or [],
+        fact=fact,
+        cost=cost,
+        uses_views=data.get("views") or [],
+        views=views if views is not None else {},
     )
+    if validate:
+        from_file = "step_column" in data
+        schema.validate(rule, step_column_given=from_file)
+    return rule
 
 
-def _check_tree(path: Path, root) -> None:
-    """Refuse YAML aliases (*name, <<: *name): rules never need them, and a node reached twice is how a tiny file
-    becomes an exponential value. The composed node graph shares one node object per alias, so a node seen twice is
-    an alias; the walk stops at the first one, so it costs at most MAX_RULE_NODES steps."""
-    seen: set[int] = set()
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            line = node.start_mark.line + 1 if getattr(node, "start_mark", None) else "?"
-            raise RuleError(f"{path}: line {line}: YAML aliases and anchors (&name / *name) are not allowed in rule "
-                            "files; write the value out")
-        seen.add(id(node))
-        if len(seen) > MAX_RULE_NODES:
-            raise RuleError(f"{path}: more than {MAX_RULE_NODES} YAML nodes; a rule file is one small mapping")
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                stack.extend((k, v))
-        elif isinstance(node, yaml.SequenceNode):
-            stack.extend(node.value)
+_VIEWS: dict[tuple, dict[str, View]] = {}
 
 
-def load_yaml(path: Path, what: str = "rule file", max_bytes: int = MAX_RULE_BYTES):
-    """Plain data from a small untrusted YAML file: size-capped, safe-loaded, aliases refused before construction."""
-    try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise RuleError(f"{path}: {size} bytes is too large for a {what} (limit {max_bytes >> 10} KB); "
-                            "check that this is the file you meant")
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise RuleError(f"{path}: cannot read {what}: {e}") from None
-    loader = _SAFE_LOADER(text)
-    try:
-        node = loader.get_single_node()  # composes nodes only: an alias is one shared node, nothing expanded yet
-        if node is None:
-            return None
-        _check_tree(path, node)
-        return loader.construct_document(node)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        problem = " ".join(str(getattr(e, "problem", None) or e).split())  # one line, whatever PyYAML says
-        raise RuleError(f"{path}: not valid YAML{where}: {problem}") from None
-    except RecursionError:
-        raise RuleError(f"{path}: YAML nested too deeply; a rule file is one small mapping") from None
-    finally:
-        loader.dispose()
+def views_of(dirs: list[Path]) -> dict[str, View]:
+    """The views under views/ of the rule folders, loaded once per set of folders and their files' mtimes."""
+    key = []
+    for d in dirs:
+        folder = Path(d) / "views"
+        files = sorted(folder.iterdir()) if folder.is_dir() else []
+        key.append((str(Path(d).resolve()), tuple((p.name, p.stat().st_mtime_ns) for p in files)))
+    key = tuple(key)
+    if key not in _VIEWS:
+        try:
+            _VIEWS[key] = load_views(list(dirs))
+        except ViewError as e:
+            raise RuleError(str(e)) from None
+    return _VIEWS[key]
 
 
-def load_rule(path: Path) -> Rule:
-    return parse_rule(load_yaml(path), path)
+def load_rule(path: Path, views: dict[str, View] | None = None) -> Rule:
+    """One rule file, with the views of its own folder unless others are given."""
+    path = Path(path)
+    return parse_rule(load_yaml(path), path, views if views is not None else views_of([path.parent]))
 
 
 def default_rules_dir() -> Path:
@@ -237,10 +324,12 @@ def default_rules_dir() -> Path:
 
 
 def load_rules(dirs: list[Path] | None = None) -> list[Rule]:
+    dirs = [Path(d) for d in (dirs or [default_rules_dir()])]
+    views = views_of(dirs)
     rules: dict[str, Rule] = {}
-    for d in dirs or [default_rules_dir()]:
-        for p in sorted(Path(d).glob("*.y*ml")):
-            r = load_rule(p)
+    for d in dirs:
+        for p in sorted(d.glob("*.y*ml")):
+            r = load_rule(p, views)
             if r.id in rules:
                 raise RuleError(f"{p}: field 'id': {r.id} is already used by {rules[r.id].path}")
             rules[r.id] = r

@@ -130,9 +130,18 @@ def _raw_read_call(sql: str) -> str | None:
     return None
 
 
-def check(sql: str, tables: set[str] | list[str] | None = None) -> None:
+def read_tables(sql: str) -> set[str]:
+    """The names (lower-cased) the statement reads in table positions, less its own CTEs: the tables and views to
+    hand polars. Raises SqlRefused where check would."""
+    found: set[str] = set()
+    check(sql, None, found)
+    return found
+
+
+def check(sql: str, tables: set[str] | list[str] | None = None, found: set[str] | None = None) -> None:
     """Raise SqlRefused unless `sql` is one SELECT over `tables` (names, any case) and its own CTEs. With tables=None
-    the names are not checked (at rule load, before a run exists); table functions are refused all the same."""
+    the names are not checked (at rule load, before a run exists); table functions are refused all the same.
+    found, where given, receives the table names read (CTEs left out)."""
     if (fn := _raw_read_call(sql)) is not None:
         raise SqlRefused(f"{fn}(...) reads files; rule SQL and queries read only traceql's tables")
     toks = tokens(sql)
@@ -150,7 +159,8 @@ def check(sql: str, tables: set[str] | list[str] | None = None) -> None:
         nm = _name(tok)
         if nm and toks[i + 1] == ("punct", "(") and re.match(r"(?i)(read|scan)_", nm):
             raise SqlRefused(f"{nm}(...) reads files; rule SQL and queries read only traceql's tables")
-    allowed = None if tables is None else {t.lower() for t in tables} | _cte_names(toks)
+    ctes = _cte_names(toks)
+    allowed = None if tables is None else {t.lower() for t in tables} | ctes
     clause = ["select"]  # the current clause keyword at each parenthesis depth
     expect_table = False
     for i, tok in enumerate(toks):
@@ -175,6 +185,8 @@ def check(sql: str, tables: set[str] | list[str] | None = None) -> None:
                 raise SqlRefused(f"qualified table name {nm}.… is not allowed; name one of traceql's tables")
             if allowed is not None and nm.lower() not in allowed:
                 raise SqlRefused(f"unknown table {nm!r}; valid tables: {', '.join(sorted(tables))}")
+            if found is not None and nm.lower() not in ctes:
+                found.add(nm.lower())
             continue
         if tok == ("punct", "("):
             clause.append("expr")
