@@ -97,7 +97,7 @@ def main() -> None:
     timed("assign steps (link_run, the lead's steps.py)", lambda: assign_steps(run))
     timed("match + clock + instances + stragglers", lambda: [link.ensure(run, x) for x in ("collective_matches", "clock_offsets",
                                                                                             "collective_instances", "collective_waits",
-                                                                                            "collective_desync", "collective_gaps")])
+                                                                                            "collective_gaps")])
     off = run.tables["clock_offsets"].sort("rank")
     err = max(abs(o - r * 1_000_003) for r, o in off.select("rank", "offset_ns").iter_rows())
     waits = run.tables["collective_waits"].group_by("waited_for").agg(pl.col("wait_ms").sum())

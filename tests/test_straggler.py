@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import polars as pl
-
 from conftest import rule_rows
+
 from traceql import link
 from traceql.model import Run, conform
 from traceql.rules.engine import evaluate

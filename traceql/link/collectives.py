@@ -15,13 +15,10 @@ Tables (DERIVED):
 - collective_instances: per matched call and rank, on the aligned clock (link.clock): arrival, start, end,
   the wait the others caused it, the skew, the last arriver.
 - collective_gaps: ranks of a group with no trace in the run dir, and ranks that stop early.
-- collective_desync: per group, the first call where ranks disagree on op, size or count, with the odd ranks.
 - collective_waits: per rank and each rank it waited for, the union of those waits (TQL302 weighs them).
 """
 
 from __future__ import annotations
-
-from collections import Counter
 
 import polars as pl
 
@@ -38,7 +35,7 @@ _MATCH_SCHEMA = {
     "members": pl.Utf8, "group_size": pl.Int32, "seq": pl.Int64, "seq_origin": pl.Utf8, "match_step": pl.Int64,
     "call": pl.Int64, "match_id": pl.Int64, "op": pl.Utf8, "backend": pl.Utf8, "dtype": pl.Utf8,
     "in_nelems": pl.Int64, "out_nelems": pl.Int64, "bytes": pl.Int64, "step": pl.Int64, "ts": pl.Int64,
-    "end": pl.Int64, "kernel_ts": pl.Int64, "kernel_end": pl.Int64, "host_only": pl.Boolean,
+    "end": pl.Int64, "kernel_ts": pl.Int64, "kernel_end": pl.Int64, "host_only": pl.Boolean, "grouping": pl.Utf8,
 }
 
 
@@ -130,6 +127,10 @@ def collective_matches(run: Run) -> pl.DataFrame:
         ).alias("group_size"),
         (pl.col("kernel_ts").is_null() & pl.col("kernel_end").is_null()).alias("host_only"),
         pl.col("_members").alias("members"),
+        # how sure the group is: the call names it, or the run's traces say there is one group, or every call was put
+        # in one group because nothing says which it belongs to (older traces of multi-group jobs)
+        pl.when(pl.col("group") != "default").then(pl.lit("trace"))
+        .otherwise(pl.lit("single group" if _single_group(run) else "assumed")).alias("grouping"),
     )
     return c.select([pl.col(k).cast(t) for k, t in _MATCH_SCHEMA.items()]).sort(["group", "rank", "call"])
 
@@ -289,23 +290,6 @@ def collective_gaps(run: Run) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
-# ---------------------------------------------------------------------------------------------------- desync
-
-
-def _majority(values: dict[int, object], tiebreak: Counter) -> object:
-    counts = Counter(values.values())
-    best = max(counts.values())
-    tied = [v for v, n in counts.items() if n == best]
-    if len(tied) == 1:
-        return tied[0]
-    # A tie (two ranks, say): the value the group uses most over the whole trace, then the lowest rank's.
-    tb = max(tiebreak[v] for v in tied)
-    tied2 = [v for v in tied if tiebreak[v] == tb]
-    if len(tied2) == 1:
-        return tied2[0]
-    return values[min(values)]
-
-
 def _single_group(run: Run) -> bool:
     """Every trace that describes its process groups describes exactly one (distributedInfo pg_count / pg_config)."""
     said = []
@@ -318,80 +302,6 @@ def _single_group(run: Run) -> bool:
         elif isinstance(count, int):
             said.append(count)
     return bool(said) and all(n == 1 for n in said)
-
-
-def collective_desync(run: Run) -> pl.DataFrame:
-    """Per group, the first matched call where ranks disagree on op, size (bytes, else element count, with dtype)
-    or count (how many calls each rank made, over the steps all of them recorded)."""
-    from traceql.link import ensure
-
-    schema = {"pg": pl.Utf8, "group": pl.Utf8, "kind": pl.Utf8, "seq": pl.Int64, "step": pl.Int64,
-              "majority": pl.Utf8, "odd_value": pl.Utf8, "odd_ranks": pl.List(pl.Int32), "majority_ranks": pl.List(pl.Int32),
-              "n_ranks": pl.Int32, "rank": pl.Int32, "identity": pl.Utf8, "by_step": pl.Boolean}
-    m = ensure(run, "collective_matches")
-    single_group = _single_group(run)
-    rows = []
-    if m.height == 0:
-        return pl.DataFrame(schema=schema)
-    m = m.with_columns(
-        pl.concat_str([pl.coalesce(pl.col("bytes").cast(pl.Utf8) + pl.lit(" B"),
-                                   pl.col("in_nelems").cast(pl.Utf8) + pl.lit(" elems")),
-                       pl.lit(" "), pl.col("dtype").fill_null("")], ignore_nulls=True).alias("_size")
-    )
-    for group, gdf in m.group_by("group", maintain_order=True):
-        group = group[0]
-        ranks = sorted(set(gdf["rank"].to_list()))
-        if len(ranks) < 2:
-            continue
-        pg = gdf["pg"][0]
-        ops_all = Counter(gdf["op"].to_list())
-        sizes_all = Counter(gdf["_size"].to_list())
-        first = None
-        # op and size at each matched call, in sequence order
-        agg = gdf.group_by("match_id").agg(
-            pl.col("rank"), pl.col("op"), pl.col("_size"), pl.col("seq").first(), pl.col("match_step").first()
-        ).sort("match_id")
-        for _, rk, ops, sizes, seq, mstep in agg.iter_rows():
-            if len(rk) < 2:
-                continue
-            for kind, vals, tb in (("op", ops, ops_all), ("size", sizes, sizes_all)):
-                if kind == "size" and any(v is None for v in vals):
-                    continue
-                if len(set(vals)) > 1:
-                    d = dict(zip(rk, vals))
-                    maj = _majority(d, tb)
-                    odd = sorted(r for r, v in d.items() if v != maj)
-                    first = (kind, seq, mstep, str(maj), ", ".join(sorted({str(d[r]) for r in odd})), odd,
-                             sorted(r for r, v in d.items() if v == maj), len(rk))
-                    break
-            if first:
-                break
-        if first is None:
-            # count: over the steps every rank of the group recorded (all calls when matching is not per step)
-            steps_per_rank = gdf.group_by("rank").agg(pl.col("match_step").unique())
-            common = set.intersection(*[set(s) for s in steps_per_rank["match_step"].to_list()])
-            cnt = dict(gdf.filter(pl.col("match_step").is_in(list(common))).group_by("rank").len().iter_rows())
-            cnt = {r: cnt.get(r, 0) for r in ranks}
-            if len(set(cnt.values())) > 1:
-                maj = _majority(cnt, Counter(cnt.values()))
-                odd = sorted(r for r, v in cnt.items() if v != maj)
-                # the first call some rank lacks: the smallest count's next call
-                seq = min(cnt.values())
-                first = ("count", seq, None, str(maj), ", ".join(sorted({str(cnt[r]) for r in odd})), odd,
-                         sorted(r for r, v in cnt.items() if v == maj), len(ranks))
-        if first:
-            kind, seq, mstep, maj, oddv, odd, majr, n = first
-            # How sure the grouping is: calls that name their group, a run whose traces say it has one group, or
-            # a guess (older traces of multi-group jobs put every call in "default": sequences then interleave
-            # groups differently per rank, and a "divergence" is an artefact of the guess).
-            identity = "trace" if group != "default" else ("single group" if single_group else "assumed")
-            by_step = bool(gdf["match_step"].drop_nulls().filter(gdf["match_step"].drop_nulls() != -1).len())
-            rows.append({"pg": pg, "group": group, "kind": kind, "seq": seq, "step": None if mstep in (None, -1) else mstep,
-                         "majority": maj, "odd_value": oddv, "odd_ranks": odd, "majority_ranks": majr, "n_ranks": n,
-                         "rank": odd[0] if len(odd) == 1 else None, "identity": identity, "by_step": by_step})
-    if not rows:
-        return pl.DataFrame(schema=schema)
-    return pl.DataFrame(rows, schema=schema)
 
 
 # ---------------------------------------------------------------------------------------------------- stragglers
@@ -431,6 +341,5 @@ DERIVED = {
     "collective_matches": collective_matches,
     "collective_instances": collective_instances,
     "collective_gaps": collective_gaps,
-    "collective_desync": collective_desync,
     "collective_waits": collective_waits,
 }

@@ -87,6 +87,8 @@ _table(
         "kernel_ts": (I64, "first kernel's start (null for host-only backends)"),
         "kernel_end": (I64, "first kernel's end"),
         "host_only": (BOOL, "no GPU kernel carried it (gloo)"),
+        "grouping": (STR, "how sure the group is: trace (the call names it), single group (the traces say the run has "
+                          "one), assumed (nothing says which group: older traces of multi-group jobs)"),
     },
 )
 _table(
@@ -148,31 +150,6 @@ _table(
         "last_seq": (I64, "the rank's last seq"),
         "last_step": (I64, "the rank's last step"),
         "detail": (STR, "what the rank is missing, in words"),
-    },
-)
-_table(
-    "collective_desync",
-    doc=(
-        "Per group, the first matched call where ranks disagree on op, size or count: the majority value, the odd "
-        "value and the ranks on each side."
-    ),
-    builder="traceql.link.collectives:collective_desync",
-    scope="run",
-    reads=["collective_matches"],
-    columns={
-        "pg": (STR, "process group key the match used"),
-        "group": (STR, "matching group (pg name, or description plus rank list)"),
-        "kind": (STR, "what differs: op, size or count"),
-        "seq": (I64, "sequence number within the group"),
-        "step": (I64, "training step (null outside any step)"),
-        "majority": (STR, "the majority's value"),
-        "odd_value": (STR, "the odd ranks' value"),
-        "odd_ranks": (RANKS, "ranks that differ from the majority"),
-        "majority_ranks": (RANKS, "ranks holding the majority value"),
-        "n_ranks": (I32, "ranks compared"),
-        "rank": (I32, "the odd rank where there is exactly one"),
-        "identity": (STR, "how the call was identified (seq or call order)"),
-        "by_step": (BOOL, "calls were counted within steps"),
     },
 )
 _table(
