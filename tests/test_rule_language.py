@@ -218,6 +218,7 @@ def test_a_rule_reads_a_view_of_its_folder(tmp_path):
     ("per: [rank]}", "per: [rank], steps: {agg: worst}}", "select.steps.of", "agg worst needs of"),
     ("evidence: [n]", "evidence: [n]\nfact: nccl_errors", "fact", "module:function"),
     ("evidence: [n]", "evidence: [n]\ncost: 3", "cost", "must be a mapping"),
+    ("evidence: [n]", "evidence: [n]\nneeds: [kernels, step]", "needs", "unknown table 'step'; did you mean 'steps'"),
 ])
 def test_a_broken_rule_fails_at_load_naming_file_and_field(tmp_path, old, new, field, says):
     assert old in BASE
@@ -250,3 +251,14 @@ def test_the_whole_pack_passes_the_load_checks():
     rules = load_rules()
     assert len(rules) >= 49 and any(r.id == "TQL105" for r in rules)
     assert all(r.views for r in rules)  # every rule can read the pack's views
+
+
+def test_traceql_query_reads_views():
+    from traceql.report.query import query, table_names
+
+    run = load_run(FIXTURES / "h200-sync-memcpy")
+    assert {"runtime_kernels", "best_source"} <= set(table_names(run))
+    df = query(run, "SELECT count(*) AS n FROM runtime_kernels WHERE call_kind = 'memcpy' AND gpu_kind = 'memcpy'")
+    rt, k = run.table("runtime"), run.table("kernels")
+    want = rt.filter(pl.col("kind") == "memcpy").join(k.filter(pl.col("kind") == "memcpy"), on=["rank", "source", "correlation"])
+    assert df["n"][0] == want.height > 0

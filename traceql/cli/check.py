@@ -41,6 +41,8 @@ def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_p
     from traceql.rules.config import ConfigError, load_config
     from traceql.rules.loader import RuleError
 
+    if out is not None:
+        _check_out(out)
     try:
         config = load_config(_config_path(run_dir, config_path, trust_run_config))
         suppress = _baseline(baseline) if baseline else None
@@ -60,10 +62,26 @@ def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_p
         return
     text = _render(result, fmt, color=out is None and sys.stdout.isatty(), verbose=verbose)
     if out:
-        out.write_text(text, encoding="utf-8")
+        try:
+            out.write_text(text, encoding="utf-8")
+        except OSError as e:  # checked before the run; still possible (the disk filled, the folder went away)
+            _fail(f"{out}: cannot write the report: {e.strerror or e}; choose another --out")
     else:
         click.echo(text, nl=not text.endswith("\n"))
     sys.exit(_verdict(result, run_dir, fail_on or config.fail_on))
+
+
+def _check_out(out: Path) -> None:
+    """Refuse an --out that cannot be written before reading the run (minutes on a large one), exit 2."""
+    import os
+
+    parent = out.parent if str(out.parent) else Path(".")
+    if out.is_dir():
+        _fail(f"{out}: --out is a folder; name a file in it, e.g. {out / 'report.txt'}")
+    if not parent.is_dir():
+        _fail(f"{out}: --out's folder {parent} does not exist; create it or choose another path")
+    if not os.access(parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        _fail(f"{out}: --out cannot be written (permission denied); choose another path")
 
 
 def _config_path(run_dir: Path, given: Path | None, trust: bool) -> Path | None:

@@ -17,8 +17,15 @@ class QueryError(ValueError):
     """A query that cannot run; the message names the valid tables (and the columns of those it used)."""
 
 
+def _views() -> dict:
+    """The rule pack's named views (rules/views/): queries read them like tables."""
+    from traceql.rules.loader import default_rules_dir, views_of
+
+    return views_of([default_rules_dir()])
+
+
 def table_names(run: Run) -> list[str]:
-    return sorted(set(SCHEMAS) | set(run.tables) | set(link.derived_tables()))
+    return sorted(set(SCHEMAS) | set(run.tables) | set(link.derived_tables()) | set(_views()))
 
 
 def named_tables(sql: str, names: list[str]) -> list[str]:
@@ -40,9 +47,15 @@ def query(run: Run, sql: str) -> pl.DataFrame:
     ctx = pl.SQLContext()
     for n in SCHEMAS:
         ctx.register(n, run.table(n).lazy())
+    views = _views()
     for n in used:
         if n not in SCHEMAS:
             try:
+                if n in views and n not in link.derived_tables():
+                    from traceql.rules.views import frame
+
+                    ctx.register(n, frame(run, n, views).lazy())
+                    continue
                 ctx.register(n, link.ensure(run, n).lazy())
             except Exception as e:  # a derived table that cannot be built names itself, not a polars trace
                 raise QueryError(f"cannot build derived table {n!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None

@@ -81,7 +81,12 @@ def load_config(path: Path | None) -> Config:
             raise ConfigError(f"{path}: [tool.traceql] must be a table")
     unknown = sorted(set(data) - set(_KEYS))
     if unknown:
-        raise ConfigError(f"{path}: {where}{unknown[0]}: unknown key; valid keys: select, ignore, fail-on, suppress, [rules.ID]")
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], _KEYS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"{path}: {where}{unknown[0]}: unknown key; {hint}valid keys: select, ignore, fail-on, "
+                          "suppress, [rules.ID]")
     cfg = Config(path=path)
     cfg.select = _str_list(path, "select", data.get("select", []))
     cfg.ignore = _str_list(path, "ignore", data.get("ignore", []))

@@ -160,6 +160,11 @@ def message_fields(template: str) -> list[str]:
 
 def validate(rule: Rule, step_column_given: bool = True) -> list[str]:
     """Raise RuleError at the first name the rule reads that its output cannot give; the output columns else."""
+    known = _known_tables(rule.views or {})
+    for need in rule.needs:
+        for t in need if isinstance(need, list) else [need]:
+            if t not in known:
+                raise _err(rule, "needs", f"unknown table {t!r}; {_choices(str(t), known)}")
     out = output(rule)
     cols = list(out.columns)
     params = rule.defaults()
