@@ -304,7 +304,7 @@ def _single_group(run: Run) -> bool:
     return bool(said) and all(n == 1 for n in said)
 
 
-# ---------------------------------------------------------------------------------------------------- stragglers
+# ---------------------------------------------------------------------------------------------------- waits
 
 
 def wait_union(ci: pl.DataFrame, per: list[str]) -> pl.DataFrame:
