@@ -500,21 +500,21 @@ _table(
     },
 )
 _table(
-    "gemm_kernels",
+    "gemm_classes",
     doc=(
-        "One row per rank and GEMM kernel (its name without parameter list, leading 'void ' or 'fbgemm'): its "
-        "precision class read from the name (low: bf16/fp16/fp8/int8; fp32: fp32/tf32 and nothing narrower; unknown: "
-        "no type in the name, e.g. Triton), how many times it ran and for how long."
+        "One row per rank and precision class of its GEMM kernels, read from the kernel names (low: bf16/fp16/fp8/"
+        "int8; fp32: fp32/tf32 and nothing narrower; unknown: no type in the name, e.g. Triton): launches, GPU time, "
+        "and the class's most launched kernel."
     ),
-    builder="traceql.link.precision:gemm_kernels",
+    builder="traceql.link.precision:gemm_classes",
     scope="rank",
     reads=["kernels"],
     columns={
         "rank": (I32, "global rank"),
-        "kernel": (STR, "the GEMM kernel's name, without its parameter list"),
         "precision": (STR, "low, fp32 or unknown"),
-        "kernels": (I64, "launches of it"),
+        "kernels": (I64, "launches of GEMM kernels of the class"),
         "dur": (I64, "their summed GPU time (ns)"),
+        "example": (STR, "the class's most launched kernel (name without parameter list; ties: the first name)"),
     },
 )
 
