@@ -131,4 +131,18 @@ def gpu_idle_gaps(run: Run) -> pl.DataFrame:
     return g.select([pl.col(c).cast(t) for c, t in GAP_SCHEMA.items()]).sort("rank", "source", "device", "gap_ts")
 
 
-DERIVED = {"step_breakdown": step_breakdown, "gpu_idle_gaps": gpu_idle_gaps}
+def gpu_step_gaps(run: Run) -> pl.DataFrame:
+    """Per rank, source and step with GPU work: the step's longest idle gap (gpu_idle_gaps; 0 where it has none)."""
+    from traceql.link import ensure
+
+    schema = {"rank": pl.Int32, "source": pl.Int32, "step": pl.Int64, "max_gap_ms": pl.Float64}
+    k = run.table("kernels").filter(pl.col("step").is_not_null()).select(
+        pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "step").unique()
+    if k.height == 0:
+        return pl.DataFrame(schema=schema)
+    worst = ensure(run, "gpu_idle_gaps").group_by("rank", "source", "step").agg(pl.col("gap_ms").max().alias("max_gap_ms"))
+    out = k.join(worst, on=["rank", "source", "step"], how="left").with_columns(pl.col("max_gap_ms").fill_null(0.0))
+    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank", "source", "step")
+
+
+DERIVED = {"step_breakdown": step_breakdown, "gpu_idle_gaps": gpu_idle_gaps, "gpu_step_gaps": gpu_step_gaps}

@@ -389,6 +389,19 @@ _table(
     },
 )
 _table(
+    "gpu_step_gaps",
+    doc="One row per rank, source and step with GPU work: the step's longest GPU idle gap (0 where it has none).",
+    builder="traceql.link.breakdown:gpu_step_gaps",
+    scope="rank",
+    reads=["gpu_idle_gaps", "kernels"],
+    columns={
+        "rank": (I32, "global rank"),
+        "source": (I32, "source id (run.sources) the row comes from"),
+        "step": (I64, "training step"),
+        "max_gap_ms": (F64, "the step's longest idle gap (ms; 0 where it has none)"),
+    },
+)
+_table(
     "critical_path",
     doc=(
         "One row per step (on the rank that ended it): the step's critical path across ranks split into compute, "
