@@ -262,3 +262,11 @@ def test_traceql_query_reads_views():
     rt, k = run.table("runtime"), run.table("kernels")
     want = rt.filter(pl.col("kind") == "memcpy").join(k.filter(pl.col("kind") == "memcpy"), on=["rank", "source", "correlation"])
     assert df["n"][0] == want.height > 0
+
+
+def test_steps_never_mix_two_sources_of_a_rank():
+    df = _per_step().with_columns(pl.lit(0, pl.Int32).alias("source"))
+    other = df.filter(pl.col("rank") == 0).with_columns(pl.lit(1, pl.Int32).alias("source"), pl.col("a") * 100)
+    out = compose.steps(pl.concat([df, other]), {"agg": "median"}, None).sort("rank", "source")
+    assert out.select("rank", "source").rows() == [(0, 0), (0, 1), (1, 0)]
+    assert out["a"].to_list() == [3.0, 300.0, 30.0]

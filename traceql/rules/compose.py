@@ -45,14 +45,16 @@ def keep(df: pl.DataFrame, text: str, params: dict) -> pl.DataFrame:
 
 
 def steps(df: pl.DataFrame, spec: dict, warmup: pl.DataFrame | None) -> pl.DataFrame:
-    """Per-step rows to one row per `per` group (default: rank), over the steps that count.
+    """Per-step rows to one row per `per` group (default: rank, and source where the rows have one), over the steps
+    that count.
 
     skip_first N drops each group's first N steps; skip_warmup drops the steps link.steps.warmup_steps names (CUDA
     modules loaded lazily), unless that would leave the group no step. agg: median, mean or sum of every numeric
     column; worst keeps the row with the largest `of`, its step included. Rows without a step (a rank without steps
     has one row for its whole trace) are never skipped. Adds n_steps (the steps judged) and, with `of`, `<of>_worst`.
     """
-    per = list(spec.get("per") or ["rank"])
+    # two sources of one rank are two clocks and two sets of steps (link.steps): never aggregated together
+    per = list(spec.get("per") or (["rank", "source"] if "source" in df.columns else ["rank"]))
     agg = spec.get("agg", "median")
     of = spec.get("of")
     missing = [c for c in [*per, "step", *([of] if of else [])] if c not in df.columns]
