@@ -96,11 +96,12 @@ def main() -> None:
 
     timed("assign steps (link_run, the lead's steps.py)", lambda: assign_steps(run))
     timed("match + clock + instances + stragglers", lambda: [link.ensure(run, x) for x in ("collective_matches", "clock_offsets",
-                                                                                            "collective_instances", "straggler_summary",
-                                                                                            "collective_desync", "collective_gaps")])
+                                                                                            "collective_instances", "collective_waits",
+                                                                                            "collective_gaps")])
     off = run.tables["clock_offsets"].sort("rank")
     err = max(abs(o - r * 1_000_003) for r, o in off.select("rank", "offset_ns").iter_rows())
-    last = run.tables["straggler_summary"].sort("last_pct", descending=True)["rank"][0]
+    waits = run.tables["collective_waits"].group_by("waited_for").agg(pl.col("wait_ms").sum())
+    last = waits.sort("wait_ms", descending=True)["waited_for"][0]
     print(f"  check: planted clock offsets recovered within {err} ns; straggler found: rank {last} (planted {a.ranks - 1})")
     timed("launch_bound", lambda: link.ensure(run, "launch_bound"))
     cp = timed("critical_path", lambda: link.ensure(run, "critical_path"))

@@ -29,3 +29,18 @@ def corpus() -> Path:
 def corpus_path(*parts: str) -> Path:
     """For parametrize at collection time: the path, whether or not it exists."""
     return CORPUS.joinpath(*parts)
+
+
+def rule_rows(run, rule_id: str, rank: int | None = None) -> list[dict]:
+    """A rule's selection before its condition (every row, as evidence): the numbers a rule's YAML computes, for
+    tests that check them where the rule stays quiet. With rank, only that rank's rows."""
+    import dataclasses
+
+    from traceql.rules.engine import evaluate
+    from traceql.rules.loader import load_rules
+
+    (rule,) = [r for r in load_rules() if r.id == rule_id]
+    rule = dataclasses.replace(rule, condition=None, evidence=[*rule.evidence, "rank"])
+    res = evaluate(run, rule)
+    assert res.status == "ran", res.reason
+    return [f.evidence for f in res.findings if rank is None or rank in f.ranks]

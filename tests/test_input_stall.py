@@ -156,7 +156,11 @@ def test_warm_up_steps_are_the_ones_loading_cuda_modules():
     # and that step really is idle-heavy: the gaps that no longer count would have fired TQL202 alone
     gaps = link.ensure(run, "gpu_idle_gaps")
     assert gaps.filter((pl.col("step") == 0) & (pl.col("gap_ms") >= 1.0)).height >= 5
-    assert gaps["typical_max_gap_ms"].max() < 1.0
+    # the steps' habit (TQL202's typical_max_gap_ms): the median over steps with GPU work of their largest gap
+    steps = run.table("kernels").filter(pl.col("step").is_not_null()).select("rank", "source", "step").unique()
+    worst = gaps.group_by("rank", "source", "step").agg(pl.col("gap_ms").max())
+    typical = steps.join(worst, on=["rank", "source", "step"], how="left").fill_null(0.0)
+    assert typical.group_by("rank", "source").agg(pl.col("gap_ms").median())["gap_ms"].max() < 1.0
 
 
 def test_tql208_spans_the_steps_not_the_start_up():

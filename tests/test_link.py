@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from conftest import FIXTURES, REPO, corpus_path
+from conftest import FIXTURES, REPO, corpus_path, rule_rows
 from traceql import link
 from traceql.link.graph import build_graph
 from traceql.model import Run, Source, conform
@@ -50,9 +50,7 @@ def _findings(path: Path, rule: str):
 
 def test_op_mismatch_names_first_divergent_seq_and_odd_rank():
     run = load_run(_need(FIXTURES / "nccl-fr-op-mismatch"))
-    d = link.ensure(run, "collective_desync")
-    assert d.height == 1
-    row = d.row(0, named=True)
+    (row,) = rule_rows(run, "TQL303")
     assert row["kind"] == "op" and row["odd_ranks"] == [1] and row["majority_ranks"] == [0, 2]
     # the first divergent call: every rank agrees on everything before it
     m = link.ensure(run, "collective_matches")
@@ -63,10 +61,10 @@ def test_op_mismatch_names_first_divergent_seq_and_odd_rank():
 
 
 def test_size_mismatch_and_quiet_twin():
-    d = link.ensure(load_run(_need(FIXTURES / "nccl-fr-size-mismatch")), "collective_desync")
-    assert d["kind"].to_list() == ["size"] and d["odd_ranks"].to_list() == [[2]]
+    d = rule_rows(load_run(_need(FIXTURES / "nccl-fr-size-mismatch")), "TQL303")
+    assert [r["kind"] for r in d] == ["size"] and [r["odd_ranks"] for r in d] == [[2]]
     ok = load_run(_need(FIXTURES / "nccl-fr-ok"))
-    assert link.ensure(ok, "collective_desync").height == 0
+    assert rule_rows(ok, "TQL303") == []
     assert link.ensure(ok, "collective_gaps").height == 0
 
 
@@ -263,7 +261,7 @@ def test_waits_use_aligned_times_and_name_the_straggler():
     assert set(ci["last_arriver"].to_list()) == {2}
     w = ci.filter(pl.col("rank") == 0)["wait_ms"]
     assert ((w - 4.0).abs() < 0.01).all()
-    s = link.ensure(run, "straggler_summary").filter(pl.col("rank") == 2).row(0, named=True)
+    s = rule_rows(run, "TQL302", rank=2)[0]
     assert s["last_pct"] == 100.0 and abs(s["wait_caused_ms"] - 10 * 2 * 4.0) < 0.1
     assert abs(s["median_lateness_ms"] - 4.0) < 0.01
 

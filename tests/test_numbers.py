@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from click.testing import CliRunner
-from conftest import CORPUS, FIXTURES, SAMPLES
+from conftest import CORPUS, FIXTURES, SAMPLES, rule_rows
 
 from traceql import link, pipeline
 from traceql.cli import main
@@ -59,7 +59,7 @@ def test_waits_of_collectives_in_flight_together_are_not_summed():
 
 def test_wait_a_straggler_causes_is_the_union_of_the_others_waits():
     run = _run(BUCKETS)
-    s = link.ensure(run, "straggler_summary").filter(pl.col("rank") == 1).row(0, named=True)
+    s = rule_rows(run, "TQL302", rank=1)[0]
     waits_of_0 = link.ensure(run, "step_balance").filter(pl.col("rank") == 0)["wait_ms"].sum()
     # two ranks, rank 1 last at every call where rank 0 waited: what it caused is rank 0's waiting, once
     assert s["wait_caused_ms"] == pytest.approx(waits_of_0, rel=1e-6)
@@ -70,7 +70,7 @@ def test_wait_a_straggler_causes_is_the_union_of_the_others_waits():
 def test_lateness_within_the_clock_error_is_not_a_straggler():
     # cpu-ddp-eager: rank 1 arrives last at every collective, 3.7 ms per step, with gloo host-end clocks good to 6.4 ms
     run = _run(FIXTURES / "cpu-ddp-eager")
-    s = link.ensure(run, "straggler_summary").filter(pl.col("rank") == 1).row(0, named=True)
+    s = rule_rows(run, "TQL302", rank=1)[0]
     assert s["last_pct"] == 100 and s["wait_caused_per_step_ms"] < s["clock_error_ms"]
     assert evaluate(run, RULES["TQL302"]).findings == []
     assert evaluate(run, RULES["TQL301"]).findings == []

@@ -1,5 +1,5 @@
 """Per rank and step: the step's time, how much of it the rank spent waiting for other ranks in collectives, and
-the rest (its own work); per rank, that work against the other ranks'.
+the rest (its own work). TQL301 compares that work across ranks in its YAML.
 
 In synchronous training every rank's step takes as long as the slowest rank's, because the fast ranks wait inside
 the step's collectives; the wall-clock step times come out equal and hide the imbalance. What differs is the time
@@ -16,7 +16,6 @@ from __future__ import annotations
 import polars as pl
 
 from traceql import link
-from traceql.link.clock import clock_error_ms
 from traceql.link.collectives import wait_union
 from traceql.model import Run
 
@@ -42,27 +41,4 @@ def step_balance(run: Run) -> pl.DataFrame:
     return out.select([pl.col(c).cast(t) for c, t in SCHEMA.items()]).sort(["rank", "step"])
 
 
-def rank_balance(run: Run) -> pl.DataFrame:
-    """Per rank: its median working time per step (value: busy_ms of step_balance), the median of those across
-    ranks, their ratio and difference (excess_ms), and the clock error of the waits that were taken out."""
-    schema = {"rank": pl.Int32, "n": pl.Int64, "step_ms": pl.Float64, "wait_ms": pl.Float64, "value": pl.Float64,
-              "across_median": pl.Float64, "ratio": pl.Float64, "excess_ms": pl.Float64, "n_ranks": pl.Int32,
-              "clock_error_ms": pl.Float64}
-    b = link.ensure(run, "step_balance")
-    if b.height == 0:
-        return pl.DataFrame(schema=schema)
-    per = b.group_by("rank").agg(pl.len().cast(pl.Int64).alias("n"), pl.col("step_ms").median(), pl.col("wait_ms").median(),
-                                 pl.col("busy_ms").median().alias("value"))
-    med = per["value"].median()
-    per = per.with_columns(
-        pl.lit(med, pl.Float64).alias("across_median"),
-        (pl.col("value") / med if med else pl.lit(None, pl.Float64)).alias("ratio"),
-        (pl.col("value") - pl.lit(med, pl.Float64)).alias("excess_ms"),
-        pl.lit(per.height, pl.Int32).alias("n_ranks"),
-    )
-    err = clock_error_ms(run)
-    per = per.join(err, on="rank", how="left")
-    return per.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank")
-
-
-DERIVED = {"step_balance": step_balance, "rank_balance": rank_balance}
+DERIVED = {"step_balance": step_balance}

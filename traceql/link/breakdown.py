@@ -76,8 +76,7 @@ def step_breakdown(run: Run) -> pl.DataFrame:
 HOST_OP_MIN_GAP_MS = 0.05  # gaps shorter than this get no host_op (rules report gaps of a millisecond and more)
 GAP_SCHEMA = {"rank": pl.Int32, "source": pl.Int32, "device": pl.Int32, "step": pl.Int64, "gap_ts": pl.Int64,
               "gap_end": pl.Int64, "gap_ms": pl.Float64, "lead": pl.Boolean, "prev_name": pl.Utf8, "next_name": pl.Utf8,
-              "host_op": pl.Utf8, "input_wait_ms": pl.Float64, "step_max_gap_ms": pl.Float64,
-              "typical_max_gap_ms": pl.Float64, "steps_judged": pl.Int64}
+              "host_op": pl.Utf8, "input_wait_ms": pl.Float64}
 
 
 def _raw_gaps(run: Run) -> pl.DataFrame:
@@ -85,7 +84,7 @@ def _raw_gaps(run: Run) -> pl.DataFrame:
     k = run.table("kernels").select("rank", "source", "device", "step", "ts", "end", "name").filter(
         pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("rank").is_not_null())
     if k.height == 0:
-        return pl.DataFrame(schema={c: t for c, t in GAP_SCHEMA.items() if c not in ("host_op", "input_wait_ms", "step_max_gap_ms", "typical_max_gap_ms", "steps_judged")})
+        return pl.DataFrame(schema={c: t for c, t in GAP_SCHEMA.items() if c not in ("host_op", "input_wait_ms")})
     k = k.with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), pl.col("device").fill_null(-1).cast(pl.Int32))
     key = ["rank", "source", "device"]
     k = k.sort([*key, "ts"], maintain_order=True).with_columns(pl.struct(key).rle_id().alias("_g"))
@@ -129,16 +128,21 @@ def gpu_idle_gaps(run: Run) -> pl.DataFrame:
         pl.lit(None, pl.Utf8).alias("host_op"))
     g = pl.concat([named.select(rest.columns), rest])
     g = g.with_columns((input_wait_ns(run, g, "gap_ts", "gap_end") / 1e6).alias("input_wait_ms"))
-    # The rank's habit: the largest gap of each step with GPU work, its median over those steps (steps without a
-    # gap count as 0), so that one step (the first, loading CUDA modules) is not the run's pattern.
-    k = run.table("kernels").filter(pl.col("step").is_not_null()).select(
-        pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "step").unique()
-    worst = g.group_by("rank", "source", "step").agg(pl.col("gap_ms").max().alias("step_max_gap_ms"))
-    per_step = k.join(worst, on=["rank", "source", "step"], how="left").with_columns(pl.col("step_max_gap_ms").fill_null(0.0))
-    typical = per_step.group_by("rank", "source").agg(pl.col("step_max_gap_ms").median().alias("typical_max_gap_ms"),
-                                                     pl.len().cast(pl.Int64).alias("steps_judged"))
-    g = g.join(worst, on=["rank", "source", "step"], how="left").join(typical, on=["rank", "source"], how="left")
     return g.select([pl.col(c).cast(t) for c, t in GAP_SCHEMA.items()]).sort("rank", "source", "device", "gap_ts")
 
 
-DERIVED = {"step_breakdown": step_breakdown, "gpu_idle_gaps": gpu_idle_gaps}
+def gpu_step_gaps(run: Run) -> pl.DataFrame:
+    """Per rank, source and step with GPU work: the step's longest idle gap (gpu_idle_gaps; 0 where it has none)."""
+    from traceql.link import ensure
+
+    schema = {"rank": pl.Int32, "source": pl.Int32, "step": pl.Int64, "max_gap_ms": pl.Float64}
+    k = run.table("kernels").filter(pl.col("step").is_not_null()).select(
+        pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "step").unique()
+    if k.height == 0:
+        return pl.DataFrame(schema=schema)
+    worst = ensure(run, "gpu_idle_gaps").group_by("rank", "source", "step").agg(pl.col("gap_ms").max().alias("max_gap_ms"))
+    out = k.join(worst, on=["rank", "source", "step"], how="left").with_columns(pl.col("max_gap_ms").fill_null(0.0))
+    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank", "source", "step")
+
+
+DERIVED = {"step_breakdown": step_breakdown, "gpu_idle_gaps": gpu_idle_gaps, "gpu_step_gaps": gpu_step_gaps}

@@ -110,7 +110,7 @@ def clock_offsets(run: Run) -> pl.DataFrame:
         r, res, meth = worst["rank"][0], worst["residual_us"][0], worst["method"][0]
         warn = ""
         if meth == KERNEL_METHOD and res > 100.0:
-            warn = "; large for kernel ends: the ranks' call sequences may not match (see collective_desync)"
+            warn = "; large for kernel ends: the ranks' call sequences may not match (see TQL303 collective-desync)"
         _note(run, f"clock: {out.height} rank(s) aligned to rank {ref} from matched collectives; worst residual "
                    f"{res:.1f} us (rank {r}, {meth}){warn}")
     unal = out.filter(pl.col("method").str.starts_with("unaligned"))["rank"].to_list()
@@ -155,4 +155,4 @@ def _note(run: Run, text: str) -> None:
         run.notes.append(text)
 
 
-DERIVED = {"clock_offsets": clock_offsets}
+DERIVED = {"clock_offsets": clock_offsets, "clock_error": clock_error_ms}

@@ -15,13 +15,10 @@ Tables (DERIVED):
 - collective_instances: per matched call and rank, on the aligned clock (link.clock): arrival, start, end,
   the wait the others caused it, the skew, the last arriver.
 - collective_gaps: ranks of a group with no trace in the run dir, and ranks that stop early.
-- collective_desync: per group, the first call where ranks disagree on op, size or count, with the odd ranks.
-- straggler_summary: per rank, how often it arrives last and the wait it causes the others.
+- collective_waits: per rank and each rank it waited for, the union of those waits (TQL302 weighs them).
 """
 
 from __future__ import annotations
-
-from collections import Counter
 
 import polars as pl
 
@@ -38,7 +35,7 @@ _MATCH_SCHEMA = {
     "members": pl.Utf8, "group_size": pl.Int32, "seq": pl.Int64, "seq_origin": pl.Utf8, "match_step": pl.Int64,
     "call": pl.Int64, "match_id": pl.Int64, "op": pl.Utf8, "backend": pl.Utf8, "dtype": pl.Utf8,
     "in_nelems": pl.Int64, "out_nelems": pl.Int64, "bytes": pl.Int64, "step": pl.Int64, "ts": pl.Int64,
-    "end": pl.Int64, "kernel_ts": pl.Int64, "kernel_end": pl.Int64, "host_only": pl.Boolean,
+    "end": pl.Int64, "kernel_ts": pl.Int64, "kernel_end": pl.Int64, "host_only": pl.Boolean, "grouping": pl.Utf8,
 }
 
 
@@ -130,6 +127,10 @@ def collective_matches(run: Run) -> pl.DataFrame:
         ).alias("group_size"),
         (pl.col("kernel_ts").is_null() & pl.col("kernel_end").is_null()).alias("host_only"),
         pl.col("_members").alias("members"),
+        # how sure the group is: the call names it, or the run's traces say there is one group, or every call was put
+        # in one group because nothing says which it belongs to (older traces of multi-group jobs)
+        pl.when(pl.col("group") != "default").then(pl.lit("trace"))
+        .otherwise(pl.lit("single group" if _single_group(run) else "assumed")).alias("grouping"),
     )
     return c.select([pl.col(k).cast(t) for k, t in _MATCH_SCHEMA.items()]).sort(["group", "rank", "call"])
 
@@ -289,23 +290,6 @@ def collective_gaps(run: Run) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
-# ---------------------------------------------------------------------------------------------------- desync
-
-
-def _majority(values: dict[int, object], tiebreak: Counter) -> object:
-    counts = Counter(values.values())
-    best = max(counts.values())
-    tied = [v for v, n in counts.items() if n == best]
-    if len(tied) == 1:
-        return tied[0]
-    # A tie (two ranks, say): the value the group uses most over the whole trace, then the lowest rank's.
-    tb = max(tiebreak[v] for v in tied)
-    tied2 = [v for v in tied if tiebreak[v] == tb]
-    if len(tied2) == 1:
-        return tied2[0]
-    return values[min(values)]
-
-
 def _single_group(run: Run) -> bool:
     """Every trace that describes its process groups describes exactly one (distributedInfo pg_count / pg_config)."""
     said = []
@@ -320,81 +304,7 @@ def _single_group(run: Run) -> bool:
     return bool(said) and all(n == 1 for n in said)
 
 
-def collective_desync(run: Run) -> pl.DataFrame:
-    """Per group, the first matched call where ranks disagree on op, size (bytes, else element count, with dtype)
-    or count (how many calls each rank made, over the steps all of them recorded)."""
-    from traceql.link import ensure
-
-    schema = {"pg": pl.Utf8, "group": pl.Utf8, "kind": pl.Utf8, "seq": pl.Int64, "step": pl.Int64,
-              "majority": pl.Utf8, "odd_value": pl.Utf8, "odd_ranks": pl.List(pl.Int32), "majority_ranks": pl.List(pl.Int32),
-              "n_ranks": pl.Int32, "rank": pl.Int32, "identity": pl.Utf8, "by_step": pl.Boolean}
-    m = ensure(run, "collective_matches")
-    single_group = _single_group(run)
-    rows = []
-    if m.height == 0:
-        return pl.DataFrame(schema=schema)
-    m = m.with_columns(
-        pl.concat_str([pl.coalesce(pl.col("bytes").cast(pl.Utf8) + pl.lit(" B"),
-                                   pl.col("in_nelems").cast(pl.Utf8) + pl.lit(" elems")),
-                       pl.lit(" "), pl.col("dtype").fill_null("")], ignore_nulls=True).alias("_size")
-    )
-    for group, gdf in m.group_by("group", maintain_order=True):
-        group = group[0]
-        ranks = sorted(set(gdf["rank"].to_list()))
-        if len(ranks) < 2:
-            continue
-        pg = gdf["pg"][0]
-        ops_all = Counter(gdf["op"].to_list())
-        sizes_all = Counter(gdf["_size"].to_list())
-        first = None
-        # op and size at each matched call, in sequence order
-        agg = gdf.group_by("match_id").agg(
-            pl.col("rank"), pl.col("op"), pl.col("_size"), pl.col("seq").first(), pl.col("match_step").first()
-        ).sort("match_id")
-        for _, rk, ops, sizes, seq, mstep in agg.iter_rows():
-            if len(rk) < 2:
-                continue
-            for kind, vals, tb in (("op", ops, ops_all), ("size", sizes, sizes_all)):
-                if kind == "size" and any(v is None for v in vals):
-                    continue
-                if len(set(vals)) > 1:
-                    d = dict(zip(rk, vals))
-                    maj = _majority(d, tb)
-                    odd = sorted(r for r, v in d.items() if v != maj)
-                    first = (kind, seq, mstep, str(maj), ", ".join(sorted({str(d[r]) for r in odd})), odd,
-                             sorted(r for r, v in d.items() if v == maj), len(rk))
-                    break
-            if first:
-                break
-        if first is None:
-            # count: over the steps every rank of the group recorded (all calls when matching is not per step)
-            steps_per_rank = gdf.group_by("rank").agg(pl.col("match_step").unique())
-            common = set.intersection(*[set(s) for s in steps_per_rank["match_step"].to_list()])
-            cnt = dict(gdf.filter(pl.col("match_step").is_in(list(common))).group_by("rank").len().iter_rows())
-            cnt = {r: cnt.get(r, 0) for r in ranks}
-            if len(set(cnt.values())) > 1:
-                maj = _majority(cnt, Counter(cnt.values()))
-                odd = sorted(r for r, v in cnt.items() if v != maj)
-                # the first call some rank lacks: the smallest count's next call
-                seq = min(cnt.values())
-                first = ("count", seq, None, str(maj), ", ".join(sorted({str(cnt[r]) for r in odd})), odd,
-                         sorted(r for r, v in cnt.items() if v == maj), len(ranks))
-        if first:
-            kind, seq, mstep, maj, oddv, odd, majr, n = first
-            # How sure the grouping is: calls that name their group, a run whose traces say it has one group, or
-            # a guess (older traces of multi-group jobs put every call in "default": sequences then interleave
-            # groups differently per rank, and a "divergence" is an artefact of the guess).
-            identity = "trace" if group != "default" else ("single group" if single_group else "assumed")
-            by_step = bool(gdf["match_step"].drop_nulls().filter(gdf["match_step"].drop_nulls() != -1).len())
-            rows.append({"pg": pg, "group": group, "kind": kind, "seq": seq, "step": None if mstep in (None, -1) else mstep,
-                         "majority": maj, "odd_value": oddv, "odd_ranks": odd, "majority_ranks": majr, "n_ranks": n,
-                         "rank": odd[0] if len(odd) == 1 else None, "identity": identity, "by_step": by_step})
-    if not rows:
-        return pl.DataFrame(schema=schema)
-    return pl.DataFrame(rows, schema=schema)
-
-
-# ---------------------------------------------------------------------------------------------------- stragglers
+# ---------------------------------------------------------------------------------------------------- waits
 
 
 def wait_union(ci: pl.DataFrame, per: list[str]) -> pl.DataFrame:
@@ -407,68 +317,29 @@ def wait_union(ci: pl.DataFrame, per: list[str]) -> pl.DataFrame:
     return intervals.union_ns(w, per).drop("_n")
 
 
-def straggler_summary(run: Run) -> pl.DataFrame:
-    """Per rank, over the collectives matched on two or more ranks: how often it arrived last, the wait its late
-    arrivals caused the others (per other rank, the union of its wait intervals at those calls, summed over the
-    other ranks), that wait per other rank and per step, how late it was, and the clock error of those numbers."""
+def collective_waits(run: Run) -> pl.DataFrame:
+    """Who waited for whom: per rank and each rank it waited for (waited_for, the last arriver of the calls), over
+    the collectives matched on two or more ranks, the time it spent waiting (wait_ms: the union of its wait
+    intervals at those calls, so collectives in flight together count once) and at how many calls (calls).
+    Only waits of positive length appear."""
     from traceql.link import ensure
 
-    schema = {"rank": pl.Int32, "n_collectives": pl.Int64, "n_last": pl.Int64, "last_pct": pl.Float64,
-              "wait_caused_ms": pl.Float64, "wait_caused_per_rank_ms": pl.Float64, "wait_caused_per_step_ms": pl.Float64,
-              "n_steps": pl.Int64, "own_wait_ms": pl.Float64, "median_lateness_ms": pl.Float64, "n_ranks": pl.Int32,
-              "wait_share_pct": pl.Float64, "caused_share_pct": pl.Float64, "clock_error_ms": pl.Float64}
-    ci = ensure(run, "collective_instances").filter((pl.col("n_ranks") >= 2) & pl.col("wait_ms").is_not_null())
+    schema = {"rank": pl.Int32, "waited_for": pl.Int32, "wait_ms": pl.Float64, "calls": pl.Int64}
+    ci = ensure(run, "collective_instances").filter((pl.col("n_ranks") >= 2) & pl.col("wait_ms").is_not_null()
+                                                    & ~pl.col("is_last").fill_null(False))
+    ci = ci.filter(pl.col("wait_end") > pl.col("arrival"))
     if ci.height == 0:
         return pl.DataFrame(schema=schema)
-    # the second-latest arrival of each call: how far the last arriver was behind the next one
-    ci = ci.with_columns(
-        pl.col("arrival").sort(descending=True).slice(1, 1).first().over("match_id").alias("_second"),
-        pl.col("step").fill_null(-1).alias("_step"),
-    )
-    per = ci.group_by("rank").agg(
-        pl.len().cast(pl.Int64).alias("n_collectives"),
-        pl.col("is_last").sum().cast(pl.Int64).alias("n_last"),
-        ((pl.col("arrival") - pl.col("_second")) / 1e6).filter(pl.col("is_last")).median().alias("median_lateness_ms"),
-        pl.col("_step").n_unique().cast(pl.Int64).alias("n_steps"),
-    )
-    own = wait_union(ci, ["rank"]).select(pl.col("rank").cast(pl.Int32), (pl.col("_u") / 1e6).alias("own_wait_ms"))
-    # the wait each late rank caused: per waiting rank, the union of its waits at the calls where that rank came last
-    caused = wait_union(ci.filter(~pl.col("is_last").fill_null(False)), ["last_arriver", "rank"])
-    caused = caused.group_by("last_arriver").agg((pl.col("_u").sum() / 1e6).alias("wait_caused_ms"),
-                                                 pl.col("rank").n_unique().alias("_n_waiters"))
-    per = (per.with_columns(pl.col("rank").cast(pl.Int32))
-           .join(own, on="rank", how="left")
-           .join(caused.select(pl.col("last_arriver").cast(pl.Int32).alias("rank"), "wait_caused_ms", "_n_waiters"), on="rank", how="left"))
-    n_ranks = ci["rank"].n_unique()
-    per = per.with_columns(
-        pl.col("wait_caused_ms", "own_wait_ms").fill_null(0.0),
-        (100.0 * pl.col("n_last") / pl.col("n_collectives")).alias("last_pct"),
-        pl.lit(n_ranks, pl.Int32).alias("n_ranks"),
-    ).with_columns(
-        pl.when(pl.col("_n_waiters") > 0).then(pl.col("wait_caused_ms") / pl.col("_n_waiters")).otherwise(0.0).alias("wait_caused_per_rank_ms"),
-    ).with_columns((pl.col("wait_caused_per_rank_ms") / pl.col("n_steps")).alias("wait_caused_per_step_ms"))
-    # share: the wait caused per other rank, against the ranks' median time in steps
-    steps = ensure(run, "step_times")
-    med = float(steps.group_by("rank").agg(pl.col("step_ms").sum())["step_ms"].median() or 0.0) if steps.height else 0.0
-    per = per.with_columns(
-        (pl.when(pl.lit(med) > 0).then(100.0 * pl.col("wait_caused_per_rank_ms") / pl.lit(med))).alias("wait_share_pct")
-    )
-    # of all the waiting in the run's collectives, the share this rank caused by arriving last: a rank that is
-    # late once per step before a burst of collectives is last at few of them but causes nearly all the waiting
-    total_wait = float(per["wait_caused_ms"].sum() or 0.0)
-    per = per.with_columns(
-        (pl.when(pl.lit(total_wait) > 0).then(100.0 * pl.col("wait_caused_ms") / pl.lit(total_wait))).alias("caused_share_pct")
-    )
-    from traceql.link.clock import clock_error_ms
-
-    per = per.join(clock_error_ms(run), on="rank", how="left")
-    return per.select([pl.col(k).cast(t) for k, t in schema.items()]).sort("rank")
+    u = wait_union(ci, ["rank", "last_arriver"])
+    n = ci.group_by("rank", "last_arriver").agg(pl.len().alias("calls"))
+    out = u.join(n, on=["rank", "last_arriver"], how="left").select(
+        "rank", pl.col("last_arriver").alias("waited_for"), (pl.col("_u") / 1e6).alias("wait_ms"), "calls")
+    return out.select([pl.col(k).cast(t) for k, t in schema.items()]).sort("rank", "waited_for")
 
 
 DERIVED = {
     "collective_matches": collective_matches,
     "collective_instances": collective_instances,
     "collective_gaps": collective_gaps,
-    "collective_desync": collective_desync,
-    "straggler_summary": straggler_summary,
+    "collective_waits": collective_waits,
 }

@@ -12,11 +12,10 @@ input_stall, per rank, source and step:
   ranges (a loader that returns while the GPU still runs the previous step costs nothing). On a source without GPU
   activity (a CPU run, or the host-only Kineto trace of a run recorded under nsys), the host is the step's critical
   path, so the whole loader time is its cost;
-- stall_pct: stall_ms over step_ms (the step's host range); typical_stall_pct: its median over the rank's steps
-  (a first step that waits for workers to start is not the run's habit);
+- stall_pct: stall_ms over step_ms (the step's host range);
 - pin_ms (aten::pin_memory / aten::_pin_memory host time in the step), h2d_ms and h2d_pageable (host-to-device
   memcpy time on the GPU in the step, and how many of those copies came from pageable memory);
-- workers: "0" for _SingleProcessDataLoaderIter, ">0" for _MultiProcessingDataLoaderIter; advice: the fix that fits.
+- workers: "0" for _SingleProcessDataLoaderIter, ">0" for _MultiProcessingDataLoaderIter.
 
 input_wait_ns(run, df, ...) gives, for intervals on a rank's clock, how much of each the loader's ranges cover:
 launch_bound uses it so that a GPU waiting for data is not called launch-bound.
@@ -34,9 +33,9 @@ PIN_OPS = ("aten::pin_memory", "aten::_pin_memory")
 _KEY = ["rank", "source"]
 
 SCHEMA = {"rank": pl.Int32, "source": pl.Int32, "step": pl.Int64, "step_ms": pl.Float64, "loader_ms": pl.Float64,
-          "loader_calls": pl.Int64, "stall_ms": pl.Float64, "stall_pct": pl.Float64, "typical_stall_pct": pl.Float64,
+          "loader_calls": pl.Int64, "stall_ms": pl.Float64, "stall_pct": pl.Float64,
           "gpu_side": pl.Boolean, "iterator": pl.Utf8, "workers": pl.Utf8, "pin_ms": pl.Float64, "h2d_ms": pl.Float64,
-          "h2d_pageable": pl.Int64, "advice": pl.Utf8}
+          "h2d_pageable": pl.Int64}
 
 
 def _segments(df: pl.DataFrame, key: list[str]) -> pl.DataFrame:
@@ -82,21 +81,6 @@ def input_wait_ns(run: Run, df: pl.DataFrame, a: str, b: str) -> pl.Series:
         return pl.repeat(0, df.height, dtype=pl.Int64, eager=True).alias("covered")
     keyed = df.select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), a, b)
     return covered_ns(keyed, _segments(ops, _KEY), _KEY, a, b)
-
-
-def _advice(workers: str | None, pageable: int, pin_ms: float) -> str:
-    parts = []
-    if workers == "0":
-        parts.append("batches are loaded in the training process (num_workers=0): set num_workers (e.g. 4-8 per GPU)"
-                     " with persistent_workers=True and prefetch_factor")
-    elif workers == ">0":
-        parts.append("the worker processes do not keep up: more num_workers, a larger prefetch_factor, "
-                     "persistent_workers=True, or cheaper per-sample work (decode/augment on the GPU)")
-    if pageable:
-        parts.append("batches are copied from pageable memory: pin_memory=True and .to(device, non_blocking=True)")
-    elif pin_ms > 0 and workers == "0":
-        parts.append("pinning runs inside the fetch too")
-    return "; ".join(parts) or "see the loader's host ops"
 
 
 def input_stall(run: Run) -> pl.DataFrame:
@@ -146,10 +130,6 @@ def input_stall(run: Run) -> pl.DataFrame:
         out = out.with_columns(pl.lit(None, pl.Float64).alias("h2d_ms"), pl.lit(None, pl.Int64).alias("h2d_pageable"))
     out = out.with_columns(pl.col("pin_ms", "h2d_ms").fill_null(0.0), pl.col("h2d_pageable").fill_null(0))
     out = out.with_columns(pl.when(pl.col("step_ms") > 0).then(100.0 * pl.col("stall_ms") / pl.col("step_ms")).alias("stall_pct"))
-    # the rank's habit: the median step of the source that saw the loader (one source per rank holds its host ops)
-    out = out.with_columns(pl.col("stall_pct").median().over(_KEY).alias("typical_stall_pct"))
-    adv = [_advice(w, p, m) for w, p, m in out.select("workers", "h2d_pageable", "pin_ms").iter_rows()]
-    out = out.with_columns(pl.Series("advice", adv, dtype=pl.Utf8))
     return out.select([pl.col(c).cast(t) for c, t in SCHEMA.items()]).sort(per)
 
 

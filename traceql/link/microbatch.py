@@ -16,8 +16,10 @@ FORWARD = r"^(DistributedDataParallel|FullyShardedDataParallel|FSDP)\.forward$|^
 GRAD_OPS = ["all_reduce", "reduce_scatter", "all_reduce_coalesced", "reduce_scatter_tensor_coalesced"]
 
 
-def microbatch_sync(run: Run) -> pl.DataFrame:
-    schema = {"rank": pl.Int32, "step": pl.Int64, "micro_batches": pl.UInt32, "synced": pl.UInt32, "collectives": pl.UInt32}
+def microbatches(run: Run) -> pl.DataFrame:
+    """Per rank, step and micro-batch (mb: its order in the step): when its forward started (ts), until when it ran
+    (the next micro-batch's forward, else the step's end) and how many gradient collectives started in it."""
+    schema = {"rank": pl.Int32, "step": pl.Int64, "mb": pl.Int64, "ts": pl.Int64, "until": pl.Int64, "grad_collectives": pl.UInt32}
     fw = run.table("host_ops").filter(pl.col("name").str.contains(FORWARD) & pl.col("step").is_not_null())
     if fw.height == 0:
         return pl.DataFrame(schema=schema)
@@ -32,11 +34,10 @@ def microbatch_sync(run: Run) -> pl.DataFrame:
     right = fw.select("rank", "source", "step", "mb", "ts", "until").sort("ts")
     j = left.join_asof(right, left_on="c_ts", right_on="ts", by=["rank", "source", "step"], strategy="backward", check_sortedness=False)
     j = j.filter(pl.col("mb").is_not_null() & (pl.col("c_ts") < pl.col("until")))
-    per_mb = j.group_by(["rank", "step", "mb"]).agg(pl.len().alias("n"))
-    mbs = fw.group_by(["rank", "step"]).agg(pl.len().cast(pl.UInt32).alias("micro_batches"))
-    synced = per_mb.group_by(["rank", "step"]).agg(pl.len().cast(pl.UInt32).alias("synced"), pl.col("n").sum().cast(pl.UInt32).alias("collectives"))
-    out = mbs.join(synced, on=["rank", "step"], how="left").with_columns(pl.col("synced", "collectives").fill_null(0))
-    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort(["rank", "step"])
+    per_mb = j.group_by(["rank", "step", "mb"]).agg(pl.len().alias("grad_collectives"))
+    out = fw.select("rank", "step", "mb", "ts", "until").join(per_mb, on=["rank", "step", "mb"], how="left")
+    out = out.with_columns(pl.col("grad_collectives").fill_null(0))
+    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort(["rank", "step", "mb"])
 
 
-DERIVED = {"microbatch_sync": microbatch_sync}
+DERIVED = {"microbatches": microbatches}

@@ -87,6 +87,8 @@ _table(
         "kernel_ts": (I64, "first kernel's start (null for host-only backends)"),
         "kernel_end": (I64, "first kernel's end"),
         "host_only": (BOOL, "no GPU kernel carried it (gloo)"),
+        "grouping": (STR, "how sure the group is: trace (the call names it), single group (the traces say the run has "
+                          "one), assumed (nothing says which group: older traces of multi-group jobs)"),
     },
 )
 _table(
@@ -151,54 +153,20 @@ _table(
     },
 )
 _table(
-    "collective_desync",
+    "collective_waits",
     doc=(
-        "Per group, the first matched call where ranks disagree on op, size or count: the majority value, the odd "
-        "value and the ranks on each side."
+        "Who waited for whom: one row per rank and each rank it waited for (the last arriver of the calls), over "
+        "collectives matched on two or more ranks: the union of those waits (collectives in flight together count "
+        "once) and at how many calls. Only waits of positive length appear."
     ),
-    builder="traceql.link.collectives:collective_desync",
+    builder="traceql.link.collectives:collective_waits",
     scope="run",
-    reads=["collective_matches"],
+    reads=["collective_instances"],
     columns={
-        "pg": (STR, "process group key the match used"),
-        "group": (STR, "matching group (pg name, or description plus rank list)"),
-        "kind": (STR, "what differs: op, size or count"),
-        "seq": (I64, "sequence number within the group"),
-        "step": (I64, "training step (null outside any step)"),
-        "majority": (STR, "the majority's value"),
-        "odd_value": (STR, "the odd ranks' value"),
-        "odd_ranks": (RANKS, "ranks that differ from the majority"),
-        "majority_ranks": (RANKS, "ranks holding the majority value"),
-        "n_ranks": (I32, "ranks compared"),
-        "rank": (I32, "the odd rank where there is exactly one"),
-        "identity": (STR, "how the call was identified (seq or call order)"),
-        "by_step": (BOOL, "calls were counted within steps"),
-    },
-)
-_table(
-    "straggler_summary",
-    doc=(
-        "One row per rank, over collectives matched on two or more ranks: how often it arrived last, the wait its "
-        "lateness caused the others, and its own wait."
-    ),
-    builder="traceql.link.collectives:straggler_summary",
-    scope="run",
-    reads=["clock_offsets", "collective_instances", "step_times"],
-    columns={
-        "rank": (I32, "global rank"),
-        "n_collectives": (I64, "collectives counted"),
-        "n_last": (I64, "collectives it arrived last in"),
-        "last_pct": (F64, "n_last over n_collectives (%)"),
-        "wait_caused_ms": (F64, "wait its late arrivals caused the other ranks, summed (ms)"),
-        "wait_caused_per_rank_ms": (F64, "wait_caused_ms per other rank (ms)"),
-        "wait_caused_per_step_ms": (F64, "wait_caused_per_rank_ms per step (ms)"),
-        "n_steps": (I64, "steps counted"),
-        "own_wait_ms": (F64, "union of its own waits for others (ms)"),
-        "median_lateness_ms": (F64, "median of how late it arrived when last (ms)"),
-        "n_ranks": (I32, "ranks compared"),
-        "wait_share_pct": (F64, "its own wait over its steps' time (%)"),
-        "caused_share_pct": (F64, "wait it caused over the others' steps' time (%)"),
-        "clock_error_ms": (F64, "how far cross-rank waits can be off from clock alignment (ms)"),
+        "rank": (I32, "global rank (the one waiting)"),
+        "waited_for": (I32, "the rank it waited for: the last arriver of those calls"),
+        "wait_ms": (F64, "union of its wait intervals at those calls (ms)"),
+        "calls": (I64, "calls at which it waited for that rank"),
     },
 )
 _table(
@@ -237,25 +205,17 @@ _table(
     },
 )
 _table(
-    "rank_balance",
+    "clock_error",
     doc=(
-        "One row per rank: its median working time per step (busy_ms of step_balance) against the median of all "
-        "ranks, with the excess and the clock error."
+        "One row per rank: how far a wait measured between this rank and another can be off because of clock "
+        "alignment: the rank's alignment residual plus the largest residual among the other ranks."
     ),
-    builder="traceql.link.balance:rank_balance",
+    builder="traceql.link.clock:clock_error_ms",
     scope="run",
-    reads=["clock_offsets", "step_balance"],
+    reads=["clock_offsets"],
     columns={
         "rank": (I32, "global rank"),
-        "n": (I64, "steps counted"),
-        "step_ms": (F64, "median step time (ms)"),
-        "wait_ms": (F64, "median wait per step (ms)"),
-        "value": (F64, "median busy_ms per step (ms)"),
-        "across_median": (F64, "median of value across ranks (ms)"),
-        "ratio": (F64, "value over across_median"),
-        "excess_ms": (F64, "value minus across_median (ms)"),
-        "n_ranks": (I32, "ranks compared"),
-        "clock_error_ms": (F64, "how far cross-rank waits can be off from clock alignment (ms)"),
+        "clock_error_ms": (F64, "how far cross-rank waits can be off from clock alignment (ms; null where unaligned)"),
     },
 )
 _table(
@@ -279,20 +239,22 @@ _table(
     },
 )
 _table(
-    "microbatch_sync",
+    "microbatches",
     doc=(
-        "One row per rank and step with data-parallel forwards: how many micro-batches ran and how many of them "
-        "started a gradient collective."
+        "One row per micro-batch: each outermost forward of a data-parallel wrapper (DistributedDataParallel, "
+        "FullyShardedDataParallel) in a step, until the next one (or the step's end), with the gradient collectives "
+        "(all_reduce, reduce_scatter and their coalesced forms) that started in it."
     ),
-    builder="traceql.link.microbatch:microbatch_sync",
+    builder="traceql.link.microbatch:microbatches",
     scope="rank",
     reads=["collectives", "host_ops", "steps"],
     columns={
         "rank": (I32, "global rank"),
-        "step": (I64, "training step (null outside any step)"),
-        "micro_batches": (U32, "data-parallel forwards in the step"),
-        "synced": (U32, "micro-batches that started a gradient collective"),
-        "collectives": (U32, "gradient collectives in the step"),
+        "step": (I64, "training step"),
+        "mb": (I64, "the micro-batch's order in the step (0 first)"),
+        "ts": (I64, "its forward's start (ns, the rank's clock)"),
+        "until": (I64, "the next micro-batch's forward, else the step's end (ns)"),
+        "grad_collectives": (U32, "gradient collectives that started in it"),
     },
 )
 
@@ -455,9 +417,19 @@ _table(
         "next_name": (STR, "GPU operation after the gap"),
         "host_op": (STR, "what the host was doing at the gap's midpoint"),
         "input_wait_ms": (F64, "part of the gap spent fetching a batch (ms)"),
-        "step_max_gap_ms": (F64, "longest gap of the step (ms)"),
-        "typical_max_gap_ms": (F64, "median of step_max_gap_ms over the rank's steps (ms)"),
-        "steps_judged": (I64, "steps the typical value is taken over"),
+    },
+)
+_table(
+    "gpu_step_gaps",
+    doc="One row per rank, source and step with GPU work: the step's longest GPU idle gap (0 where it has none).",
+    builder="traceql.link.breakdown:gpu_step_gaps",
+    scope="rank",
+    reads=["gpu_idle_gaps", "kernels"],
+    columns={
+        "rank": (I32, "global rank"),
+        "source": (I32, "source id (run.sources) the row comes from"),
+        "step": (I64, "training step"),
+        "max_gap_ms": (F64, "the step's longest idle gap (ms; 0 where it has none)"),
     },
 )
 _table(
@@ -578,23 +550,21 @@ _table(
     },
 )
 _table(
-    "gemm_precision",
+    "gemm_classes",
     doc=(
-        "One row per rank: GEMM kernels whose names say fp32/tf32 against those in a narrower type, by count and "
-        "time."
+        "One row per rank and precision class of its GEMM kernels, read from the kernel names (low: bf16/fp16/fp8/"
+        "int8; fp32: fp32/tf32 and nothing narrower; unknown: no type in the name, e.g. Triton): launches, GPU time, "
+        "and the class's most launched kernel."
     ),
-    builder="traceql.link.precision:gemm_precision",
-    scope="run",
+    builder="traceql.link.precision:gemm_classes",
+    scope="rank",
     reads=["kernels"],
     columns={
         "rank": (I32, "global rank"),
-        "fp32_gemms": (U32, "fp32/tf32 GEMM kernels"),
-        "low_gemms": (U32, "GEMM kernels in a narrower type"),
-        "fp32_ms": (F64, "their summed time (ms)"),
-        "low_ms": (F64, "their summed time (ms)"),
-        "fp32_example": (STR, "one fp32 GEMM kernel's name"),
-        "low_example": (STR, "one narrower GEMM kernel's name"),
-        "fp32_pct": (F64, "fp32_ms over all GEMM time (%)"),
+        "precision": (STR, "low, fp32 or unknown"),
+        "kernels": (I64, "launches of GEMM kernels of the class"),
+        "dur": (I64, "their summed GPU time (ns)"),
+        "example": (STR, "the class's most launched kernel (name without parameter list; ties: the first name)"),
     },
 )
 
@@ -1007,7 +977,7 @@ _table(
     "input_stall",
     doc=(
         "One row per rank, source and step: how long the training loop waited for its next batch, what it cost the "
-        "GPU, and advice."
+        "GPU, and the pinning and host-to-device copies beside it."
     ),
     builder="traceql.link.input_pipeline:input_stall",
     scope="rank",
@@ -1021,14 +991,12 @@ _table(
         "loader_calls": (I64, "__next__ calls in the step"),
         "stall_ms": (F64, "what the wait cost: GPU idle inside the ranges, or the whole loader time without GPU (ms)"),
         "stall_pct": (F64, "stall_ms over step_ms (%)"),
-        "typical_stall_pct": (F64, "median stall_pct over the rank's steps (%)"),
         "gpu_side": (BOOL, "the source has GPU activity"),
         "iterator": (STR, "DataLoader iterator class"),
         "workers": (STR, "worker setting, in words"),
         "pin_ms": (F64, "pin_memory host time in the step (ms)"),
         "h2d_ms": (F64, "host-to-device memcpy GPU time in the step (ms)"),
         "h2d_pageable": (I64, "of those copies, from pageable memory"),
-        "advice": (STR, "what to change, in words"),
     },
 )
 _table(

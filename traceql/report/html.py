@@ -340,9 +340,17 @@ def _heatmap(run) -> str:
         + "</p>"
     )
     out.append(f"<div class=scroll><svg width='{w}' height='{h}' class=heat role=img aria-label='collective wait heatmap'>{labels}{''.join(cells)}</svg></div>")
-    # who made the others wait, with straggler_summary's numbers (what TQL302 reads): per waiting rank the union of
-    # its waits, so collectives in flight together count once
-    ss = link.ensure(run, "straggler_summary").filter(pl.col("n_last") > 0)
+    # who made the others wait, from the facts TQL302 reads: calls matched on two or more ranks, and per waiting rank
+    # the union of its waits (collective_waits), so collectives in flight together count once
+    m = link.ensure(run, "collective_instances").filter((pl.col("n_ranks") >= 2) & pl.col("wait_ms").is_not_null())
+    ss = m.group_by("rank").agg(pl.len().alias("n_collectives"), pl.col("is_last").sum().alias("n_last"),
+                                pl.col("step").fill_null(-1).n_unique().alias("_steps"))
+    caused = link.ensure(run, "collective_waits").group_by("waited_for").agg(
+        pl.col("wait_ms").sum().alias("wait_caused_ms"), pl.col("rank").n_unique().alias("_waiters"))
+    ss = (ss.join(caused.rename({"waited_for": "rank"}), on="rank", how="left")
+          .join(link.ensure(run, "clock_error"), on="rank", how="left").filter(pl.col("n_last") > 0)
+          .with_columns(pl.col("wait_caused_ms").fill_null(0.0))
+          .with_columns((pl.col("wait_caused_ms") / pl.col("_waiters") / pl.col("_steps")).fill_null(0.0).alias("wait_caused_per_step_ms")))
     if ss.height:
         out.append("<table class=grid><thead><tr><th>rank</th><th>arrived last</th><th>wait it caused (ms, total)</th>"
                    "<th>per other rank and step (ms)</th><th>clock error (ms)</th></tr></thead><tbody>")
