@@ -75,7 +75,7 @@ def test_2_unwritable_out(tmp_path):
     r = _check(DEMO, "--out", tmp_path / "missing" / "report.json")
     assert r.exit_code == 2 and "does not exist" in _one_line(r)
     r = _check(DEMO, "--out", tmp_path)
-    assert r.exit_code == 2 and "is a folder" in _one_line(r)
+    assert r.exit_code == 2 and "is a directory" in _one_line(r)
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o500)
@@ -84,7 +84,7 @@ def test_2_unwritable_out(tmp_path):
 
         if not os.access(ro, os.W_OK):  # root can write anywhere: the case cannot be made there
             r = _check(DEMO, "--out", ro / "report.json")
-            assert r.exit_code == 2 and "cannot be written" in _one_line(r)
+            assert r.exit_code == 2 and "not writable" in _one_line(r)
     finally:
         ro.chmod(0o700)
 

@@ -20,7 +20,21 @@ MAX_ROWS = 300  # per table; the rest is counted
 MAX_KEY_RANKS = 32  # rank columns in the cache-key table
 
 
+# The compile rules' numbers live in their YAML (rules/TQL40x): the section shows the rules' own rows for them
+_RULE_ROWS = {"compile_time": "TQL405", "graph_break_cost": "TQL402", "compile_frames": "TQL401",
+              "compile_failures": "TQL406"}
+
+
 def _table(run, name: str) -> pl.DataFrame | None:
+    if name in _RULE_ROWS:
+        from traceql.rules.engine import rows
+        from traceql.rules.loader import load_rules
+
+        rule = next((r for r in load_rules() if r.id == _RULE_ROWS[name]), None)
+        try:
+            return None if rule is None else rows(run, rule)
+        except Exception:  # one compile table failing loses its part, not the section
+            return None
     if name not in link.derived_tables() and name not in run.tables:
         return None
     try:
@@ -46,7 +60,7 @@ def compile_section(result: CheckResult) -> str:
     out.append(_compile_ids(ce))
     out.append(_graph_breaks(run, ce, kinds))
     out.append(_recompiles(run, ce, kinds))
-    out.append(_cache_keys(run, ce))
+    out.append(_cache_keys(run, ce, result.findings))
     out.append(_failures(run))
     out.append("</section>")
     return "\n".join(out)
@@ -201,7 +215,7 @@ def _recompiles(run, ce: pl.DataFrame, kinds: Counter) -> str:
     return "\n".join(out)
 
 
-def _cache_keys(run, ce: pl.DataFrame) -> str:
+def _cache_keys(run, ce: pl.DataFrame, findings: list) -> str:
     """FX graph cache keys per compile id and rank, in the order each rank logged them; a key that differs from the
     key most ranks have in that cell is highlighted (rank-local shapes, config or process-group names)."""
     out = ["<h3 id=cache-keys>FX graph cache keys per rank</h3>"]
@@ -243,16 +257,14 @@ def _cache_keys(run, ce: pl.DataFrame) -> str:
     out.append("</tbody></table></div>" + _more(len(rows), min(len(rows), MAX_ROWS), "graphs"))
     if len(ranks) > len(shown_ranks):
         out.append(f"<p class=cut>{len(ranks) - len(shown_ranks)} more rank column(s) not shown.</p>")
-    notes = []
-    for name, col in (("compile_rank_divergence", "note"), ("compile_cache_divergence", None)):
+    # what the divergence rules concluded (TQL407-409: schedules, cache patterns, graph inputs), then the key diffs
+    notes = [f.message for f in findings if f.rule in ("TQL407", "TQL408", "TQL409")][:50]
+    for name in ("compile_cache_divergence",):
         t = _table(run, name)
         if t is None or t.height == 0:
             continue
         for r in t.head(50).iter_rows(named=True):
-            if col:
-                notes.append(r[col])
-            else:
-                notes.append(f"rank {r['rank']}, compile {r['compile_id']}: key {str(r['cache_key'])[:10]} vs {str(r['majority_key'])[:10]} on "
+            notes.append(f"rank {r['rank']}, compile {r['compile_id']}: key {str(r['cache_key'])[:10]} vs {str(r['majority_key'])[:10]} on "
                              f"rank(s) {r['majority_ranks']}; differing components: {r['differing']}")
     if notes:
         out.append("<p><b>Why the ranks differ</b></p><ul>" + "".join(f"<li class=mono>{_e(n)}</li>" for n in notes) + "</ul>")

@@ -490,6 +490,19 @@ def _collapse(df: pl.DataFrame, keys: list[str], rule: Rule) -> pl.DataFrame:
     return df.group_by(keys, maintain_order=True).agg(aggs)
 
 
+def rows(run: Run, rule: Rule, params: dict | None = None) -> pl.DataFrame | None:
+    """The numbers a rule's YAML computes, every row before its condition (None where the rule cannot run here): what
+    reports show beside the findings, so that a table and a finding never disagree."""
+    values = {**rule.defaults(), **(params or {})}
+    if not any(all(link.ensure(run, t).height for t in need) for need in rule.need_sets()):
+        return None
+    try:
+        out = _measure(run, rule, params=values) if rule.select is not None else _sql(run, rule)
+    except (ConditionError, RuleRunError, compose.StageError, pl.exceptions.PolarsError):
+        return None
+    return out
+
+
 def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
     values = {**rule.defaults(), **(params or {})}
     # needs: any one of the need sets must be fully present
