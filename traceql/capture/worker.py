@@ -26,6 +26,7 @@ from traceql.capture.scenarios import get
 
 MICRO_BATCHES = 4  # grad-accum-without-no_sync
 STRAGGLER_SLEEP_S = 0.05
+CPU_BUCKET_MB = 0.1  # DDP bucket cap on CPU runs, whose models are far below one default 25 MB bucket
 # FSDP2 on CPU: wide enough that each block's all-gather (width*width fp32, 1 MiB) and reduce-scatter take real time
 # over gloo, deep enough that there is a next block to prefetch behind the current one's compute.
 FSDP_CPU_SHAPE = (512, 8, 64)  # width, depth, batch
@@ -474,7 +475,12 @@ def main(argv=None) -> int:
     if uses_ddp:
         # CPU models are small (well under one default 25 MB bucket): smaller buckets let DDP start all-reducing
         # during backward, as it does for real models, instead of once after it.
-        ddp_kw = {"device_ids": [device.index]} if device.type == "cuda" else {"bucket_cap_mb": 0.1}
+        ddp_kw = {"device_ids": [device.index]} if device.type == "cuda" else {"bucket_cap_mb": CPU_BUCKET_MB}
+        if device.type != "cuda":
+            # DDP's first bucket (1 MiB by default) must not exceed the others: torch.compile's DDPOptimizer asserts
+            # it ("First bucket should be smaller/equal to other buckets"), so compiled CPU DDP failed at step 0.
+            # Eager and compiled twins both take the small first bucket, so they keep the same buckets.
+            dist._DEFAULT_FIRST_BUCKET_BYTES = int(CPU_BUCKET_MB * 1024 * 1024)
         step_model = nn.parallel.DistributedDataParallel(model, **ddp_kw)
     if "fsdp" in traits:
         params, opt = _fully_shard(model, device, world, traits)
