@@ -131,7 +131,7 @@ def test_tiny_cpu_capture_writes_a_complete_run_dir(tmp_path):
 
 MANIFESTS = sorted([*(REPO / "fixtures").glob("*/manifest.json"), *(REPO / "samples").glob("*/manifest.json")])
 CAPTURED = [m for m in MANIFESTS
-            if m.parent.name.split("-", 1)[0] in ("cpu", "h200", "h200x2") or m.parent.parent.name == "samples"]
+            if m.parent.name.split("-", 1)[0] in ("cpu", "cpu8", "h200", "h200x2") or m.parent.parent.name == "samples"]
 
 
 @pytest.mark.parametrize("manifest", MANIFESTS, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")

@@ -98,6 +98,19 @@ PLANS = {
     "h200-stall-3": [
         ("h200-cold-start", "cold-start", 1, False, "a", 4),
     ],
+    # Eight gloo ranks on the CPUs of the one-GPU machine (16 cores; multi-GPU kinds were not lent): DDP and FSDP2,
+    # eager and compiled, and the planted straggler, desync, exposed all_reduce and FSDP2 without prefetch. One lane:
+    # the clean twins are timed with nothing else running; eager runs first so the compiled ones get what is left.
+    "cpu8": [
+        ("cpu8-ddp-eager", "ddp-eager", 8, False, "a"),
+        ("cpu8-fsdp2-eager", "fsdp2-eager", 8, False, "a"),
+        ("cpu8-straggler", "straggler", 8, False, "a"),
+        ("cpu8-desync", "desync", 8, False, "a"),
+        ("cpu8-exposed-allreduce", "exposed-allreduce", 8, False, "a"),
+        ("cpu8-fsdp2-prefetch-off", "fsdp2-prefetch-off", 8, False, "a"),
+        ("cpu8-ddp-compiled", "ddp-compiled", 8, False, "a"),
+        ("cpu8-fsdp2-compiled", "fsdp2-compiled", 8, False, "a"),
+    ],
     "cpu": [
         ("cpu-demo", "demo", 2, False, "a"),
         ("cpu-straggler", "straggler", 2, False, "a"),

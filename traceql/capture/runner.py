@@ -142,6 +142,9 @@ def capture(
         # Ranks share few cores: one thread each keeps them from fighting (and the traces readable).
         base_env["OMP_NUM_THREADS"] = "1"
         base_env["CUDA_VISIBLE_DEVICES"] = ""
+        if sc.fails:
+            # Flight Recorder of gloo groups (torch >= 2.7 records them too); the worker dumps it after the timeout.
+            base_env["TORCH_FR_BUFFER_SIZE"] = "2000"
     else:
         base_env["NCCL_DEBUG"] = "INFO"
         # ProcessGroupNCCL's Flight Recorder: the last collectives of each rank, dumped when the watchdog times out

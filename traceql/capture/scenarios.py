@@ -164,6 +164,28 @@ _LIST = [
         "device memset is not host-synchronous (CUDA API sync behaviour), so only the pinned one is expected",
     ),
     Scenario(
+        "fsdp2-eager",
+        "Clean baseline: FSDP2 (fully_shard per block and at the root) in eager mode, each block's all-gather "
+        "prefetched one block ahead in forward and backward (twin of fsdp2-compiled: same model and batch).",
+        min_ranks=2,
+        notes="a wider, deeper MLP than the DDP scenarios on CPU, so the all-gathers and reduce-scatters take time",
+    ),
+    Scenario(
+        "fsdp2-compiled",
+        "Clean baseline: the same FSDP2 loop with the model under torch.compile.",
+        compiled=True,
+        min_ranks=2,
+        warm_steps=1,
+        notes="TORCH_COMPILE_DEBUG left off: FSDP2's hooks split the graph and the debug dirs grow per rank",
+    ),
+    Scenario(
+        "fsdp2-prefetch-off",
+        "FSDP2 with prefetching turned off: no forward or backward prefetch and parameters resharded after forward, "
+        "so every block waits for its own all-gather (exposed communication).",
+        expected=(("TQL101", "all"),),
+        min_ranks=2,
+    ),
+    Scenario(
         "grad-accum-without-no_sync",
         "DDP with 4 micro-batches per optimizer step and no no_sync(): every micro-batch all-reduces.",
         expected=(("TQL103", "all"),),

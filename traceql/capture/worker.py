@@ -26,6 +26,10 @@ from traceql.capture.scenarios import get
 
 MICRO_BATCHES = 4  # grad-accum-without-no_sync
 STRAGGLER_SLEEP_S = 0.05
+CPU_BUCKET_MB = 0.1  # DDP bucket cap on CPU runs, whose models are far below one default 25 MB bucket
+# FSDP2 on CPU: wide enough that each block's all-gather (width*width fp32, 1 MiB) and reduce-scatter take real time
+# over gloo, deep enough that there is a next block to prefetch behind the current one's compute.
+FSDP_CPU_SHAPE = (512, 8, 64)  # width, depth, batch
 
 
 # What each scenario's loop does; the demo combines several pathologies in one run.
@@ -42,6 +46,9 @@ TRAITS = {
     "fp32-leak": {"ddp", "autocast", "fp32_head"},
     "small-allreduce-storm": {"allreduce_per_param"},
     "grad-accum-without-no_sync": {"ddp", "grad_accum"},
+    "fsdp2-eager": {"fsdp", "prefetch"},
+    "fsdp2-compiled": {"fsdp", "prefetch"},
+    "fsdp2-prefetch-off": {"fsdp", "reshard_after_forward"},
     "demo": {"allreduce_per_param", "straggler", "log_loss_item"},
     "launch-bound": {"tiny"},
     "duplicate-gpu": {"ddp", "force_nccl"},
@@ -351,6 +358,60 @@ def plain_main(args, sc, traits) -> int:
     return status
 
 
+# Python bindings that dump the Flight Recorder's ring buffer, newest first; which exist depends on the torch build.
+FR_DUMPERS = ("_dump_fr_trace", "_dump_nccl_trace")
+
+
+def _dump_flight_recorder(out: Path, rank: int) -> None:
+    """After a gloo collective timed out: dump the Flight Recorder (TORCH_FR_BUFFER_SIZE) where the build offers it.
+
+    ProcessGroupNCCL dumps by itself on a watchdog timeout; gloo has no watchdog, so the rank asks for the dump. The
+    file takes the name ProcessGroupNCCL's own dumps have (nccl_trace_rank_N), which traceql reads.
+    """
+    if not int(os.environ.get("TORCH_FR_BUFFER_SIZE", "0") or 0):
+        return
+    c10d = torch._C._distributed_c10d
+    for name in FR_DUMPERS:
+        fn = getattr(c10d, name, None)
+        if fn is None:
+            continue
+        try:
+            blob = fn()
+        except Exception as e:  # a binding that exists but has nothing to dump for gloo
+            print(f"[rank{rank}] flight recorder: {name}() failed: {e}", file=sys.stderr, flush=True)
+            continue
+        (out / f"nccl_trace_rank_{rank}").write_bytes(blob if isinstance(blob, bytes) else str(blob).encode())
+        print(f"[rank{rank}] flight recorder: dumped {len(blob)} bytes with {name}()", flush=True)
+        return
+    print(f"[rank{rank}] flight recorder: this torch has none of {', '.join(FR_DUMPERS)}: no dump", flush=True)
+
+
+def _fully_shard(model: MLP, device, world: int, traits: set):
+    """FSDP2: fully_shard each block, then the root (norm and head); returns the sharded params and a new optimizer.
+
+    "prefetch": each block's all-gather is issued one block ahead, in forward and in backward, so it runs behind the
+    current block's compute. "reshard_after_forward" (prefetch off): parameters are freed after forward and gathered
+    again in backward, with no explicit prefetch, so every block waits for its own all-gather.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (world,))
+    reshard = "reshard_after_forward" in traits
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    blocks = list(model.blocks)
+    if "prefetch" in traits:
+        for i, block in enumerate(blocks):
+            if i + 1 < len(blocks):
+                block.set_modules_to_forward_prefetch([blocks[i + 1]])
+            if i > 0:
+                block.set_modules_to_backward_prefetch([blocks[i - 1]])
+    params = list(model.parameters())  # DTensors now: the optimizer must see these, not the originals
+    return params, torch.optim.SGD(params, lr=1e-3)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", required=True)
@@ -385,6 +446,8 @@ def main(argv=None) -> int:
         device = torch.device("cpu")
         pg_backend = "gloo"
         width, depth, batch = 128, 6, 32
+        if "fsdp" in traits:
+            width, depth, batch = FSDP_CPU_SHAPE
     n_out = 16
     if "cudart_sync" in traits and device.type != "cuda":
         print(f"error: scenario {sc.name} calls libcudart directly: pass --backend cuda", file=sys.stderr)
@@ -412,8 +475,15 @@ def main(argv=None) -> int:
     if uses_ddp:
         # CPU models are small (well under one default 25 MB bucket): smaller buckets let DDP start all-reducing
         # during backward, as it does for real models, instead of once after it.
-        ddp_kw = {"device_ids": [device.index]} if device.type == "cuda" else {"bucket_cap_mb": 0.1}
+        ddp_kw = {"device_ids": [device.index]} if device.type == "cuda" else {"bucket_cap_mb": CPU_BUCKET_MB}
+        if device.type != "cuda":
+            # DDP's first bucket (1 MiB by default) must not exceed the others: torch.compile's DDPOptimizer asserts
+            # it ("First bucket should be smaller/equal to other buckets"), so compiled CPU DDP failed at step 0.
+            # Eager and compiled twins both take the small first bucket, so they keep the same buckets.
+            dist._DEFAULT_FIRST_BUCKET_BYTES = int(CPU_BUCKET_MB * 1024 * 1024)
         step_model = nn.parallel.DistributedDataParallel(model, **ddp_kw)
+    if "fsdp" in traits:
+        params, opt = _fully_shard(model, device, world, traits)
     if sc.compiled:
         step_model = torch.compile(step_model, dynamic=False if "static" in traits else None)
 
@@ -545,6 +615,8 @@ def main(argv=None) -> int:
             print(f"[rank{rank}] ERROR: step {step} failed after {time.perf_counter() - t0:.1f}s", file=sys.stderr,
                   flush=True)
             status = 1
+            if "desync" in traits and pg_backend == "gloo":
+                _dump_flight_recorder(out, rank)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     print(f"[rank{rank}] done: {done} of {total} steps, status {status}, {time.perf_counter() - t0:.1f}s", flush=True)
