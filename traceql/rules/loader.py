@@ -6,8 +6,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from traceql.model import SEVERITIES
 from traceql.rules import sql_guard
 
@@ -22,7 +20,6 @@ _TOP_FIELDS = {
 _SELECT_FIELDS = {"measure", "table", "where", "against", "per", "column", "agg", "scale", "key", "value"}
 
 
-_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # A rule file is a page of text: the largest in the pack is about 5 KB. The cap keeps a hostile --rules folder from
 # making the parser read gigabytes; aliases are refused below (a 600-byte "billion laughs" file expands to 10^9 nodes
 # when its values are turned into strings).
@@ -176,6 +173,8 @@ def _check_tree(path: Path, root) -> None:
     """Refuse YAML aliases (*name, <<: *name): rules never need them, and a node reached twice is how a tiny file
     becomes an exponential value. The composed node graph shares one node object per alias, so a node seen twice is
     an alias; the walk stops at the first one, so it costs at most MAX_RULE_NODES steps."""
+    import yaml
+
     seen: set[int] = set()
     stack = [root]
     while stack:
@@ -196,6 +195,8 @@ def _check_tree(path: Path, root) -> None:
 
 def load_yaml(path: Path, what: str = "rule file", max_bytes: int = MAX_RULE_BYTES):
     """Plain data from a small untrusted YAML file: size-capped, safe-loaded, aliases refused before construction."""
+    import yaml  # here, not at import: a command whose rule pack is in the compiled-rule cache never parses YAML
+
     try:
         size = path.stat().st_size
         if size > max_bytes:
@@ -204,7 +205,7 @@ def load_yaml(path: Path, what: str = "rule file", max_bytes: int = MAX_RULE_BYT
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise RuleError(f"{path}: cannot read {what}: {e}") from None
-    loader = _SAFE_LOADER(text)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     try:
         node = loader.get_single_node()  # composes nodes only: an alias is one shared node, nothing expanded yet
         if node is None:
