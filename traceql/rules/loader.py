@@ -278,7 +278,7 @@ def _pack_key(paths: list[Path]) -> str | None:
         for p in paths:
             if p.stat().st_size > MAX_RULE_BYTES:
                 return None  # the checked load says what is wrong with it
-            h.update(str(p.resolve()).encode() + b"\0")
+            h.update(f"{p}\0{p.resolve()}\0".encode())  # as spelled (rules keep it) and where it is
             data = p.read_bytes()
             h.update(len(data).to_bytes(8, "little") + data)
     except OSError:
