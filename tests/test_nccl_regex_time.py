@@ -16,6 +16,7 @@ import time
 import pytest
 
 from traceql.ingest import nccl_log as N
+from traceql.ingest import sniff as S
 from traceql.ingest import torch_logs as T
 
 SIZES = (10, 20, 40, 80, 160)
@@ -55,7 +56,7 @@ CASES = {
     "_GLOG_SRC": (_search(N._GLOG_SRC), "", "EEEEE", ".cpp:x"),
     "_GLOG_SRC/time": (_search(N._GLOG_SRC), "[E1201 ", "1:.", " x.cpp:x"),
     "_MARKS_RE": (_search(N._MARKS_RE), "", "NCC", ""),
-    "_NCCL": (lambda s: N._NCCL.search(s.encode()), "", "NCCL versio", ""),
+    "_NCCL": (lambda s: S._NCCL.search(s.encode()), "", "NCCL versio", ""),
     # rejoining wrapped lines
     "_RECORD_START": (lambda s: N._RECORD_START.match(s), "", "[[[[", ""),  # used anchored (match) only
     "_RECORD_START/host": (lambda s: N._RECORD_START.match(s), "", "aaaaa", ":1:2 x"),
@@ -123,8 +124,8 @@ CASES = {
     "_FR_DISABLED": (_search(N._FR_DISABLED), "", "FlightRecorder is ", ""),
     "VIRTUAL_IF": (_search(N.VIRTUAL_IF), "br-", "aaaaa", " "),
     # TORCH_LOGS
-    "T._MARK": (lambda s: T._MARK.search(s.encode()), "", "V1234 12:00:00.1 1 torch/", ""),
-    "T._MARK/lines": (lambda s: T._MARK.search(s.encode()), "", "V1234 12:00:00.1 1 torch/a\n", ""),
+    "T._MARK": (lambda s: S._TORCH_LOGS_MARK.search(s.encode()), "", "V1234 12:00:00.1 1 torch/", ""),
+    "T._MARK/lines": (lambda s: S._TORCH_LOGS_MARK.search(s.encode()), "", "V1234 12:00:00.1 1 torch/a\n", ""),
     "T._LINE": (_search(T._LINE), "V1234 12:00:00.1 1 ", "aaaaa", ""),
     "T._LINE/blanks": (_search(T._LINE), "V1234 12:00:00.1", "     ", "1"),
     "T._RECOMPILING": (lambda s: T._first(T._RECOMPILING, "Recompiling function ", s), "", "Recompiling function f in ", "x"),

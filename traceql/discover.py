@@ -6,7 +6,7 @@ import re
 import zlib
 from pathlib import Path
 
-from traceql.ingest import formats
+from traceql.ingest import sniffers
 from traceql.model import Source
 
 HEAD_BYTES = 64 * 1024
@@ -57,17 +57,17 @@ def _sniff_file(path: Path, mods) -> list[Source]:
         shown = bool(_LOOKS_LIKE_INPUT.search(path.name))
         return [Source(path, "unknown", status="skipped", detail="empty file (0 bytes)", meta={"shown": shown})]
     kinds = []
-    for mod in mods:
-        if getattr(mod, "FOLDER", False):
+    for kind, sniff, folder in mods:
+        if folder:
             continue
         try:
-            hit = mod.sniff(path, head)
+            hit = sniff(path, head)
         except Exception:  # a sniffer must never take discovery down
             hit = False
         if hit:
-            kinds.append(mod.KIND)
+            kinds.append(kind)
             # Text logs can carry both NCCL and TORCH_LOGS lines; every other format claims the file alone.
-            if mod.KIND not in ("nccl_log", "torch_logs"):
+            if kind not in ("nccl_log", "torch_logs"):
                 break
     if not kinds:
         return [Source(path, "unknown", status="skipped", detail=_unrecognised(path, head))]
@@ -141,8 +141,8 @@ def discover(run_path: Path, extra: list[Source] | None = None) -> list[Source]:
     skipped source saying so), and every real folder and file is visited once, so links to `..` or `/` neither
     walk outside nor loop."""
     run_path = Path(run_path)
-    mods = formats()
-    folder_mods = [m for m in mods if getattr(m, "FOLDER", False)]
+    mods = sniffers()
+    folder_mods = [(kind, sniff) for kind, sniff, folder in mods if folder]
     sources: list[Source] = []
     if run_path.is_file():
         sources = _sniff_file(run_path, mods)
@@ -191,10 +191,10 @@ def discover(run_path: Path, extra: list[Source] | None = None) -> list[Source]:
                     continue  # reached before (a bind mount, a hard-linked folder): each real path is read once
                 seen.add(real)
                 if p.is_dir():
-                    taken = next((m for m in folder_mods if m.sniff(p, b"")), None)
+                    taken = next((kind for kind, sniff in folder_mods if sniff(p, b"")), None)
                     if taken is not None:
                         r = rank_from_name(p)
-                        src = Source(p, taken.KIND, rank=r, rank_origin="file name" if r is not None else "")
+                        src = Source(p, taken, rank=r, rank_origin="file name" if r is not None else "")
                         out = _link_out(p, root)
                         if out is not None:
                             src.status, src.detail = "skipped", (

@@ -17,6 +17,7 @@ Modules know nothing about rules or other formats.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from pathlib import Path
 from types import ModuleType
 
@@ -51,6 +52,22 @@ def formats() -> list[ModuleType]:
         except ImportError:  # a format module may be absent in a trimmed install; discovery then skips it
             continue
     return out
+
+
+def sniffers() -> list[tuple[str, object, bool]]:
+    """(kind, content test, takes folders) of every installed format, in sniffing order, without importing the readers
+    (traceql.ingest.sniff says why)."""
+    from traceql.ingest.sniff import SNIFFERS
+
+    return [(kind, *SNIFFERS[kind]) for kind, name in _MODULES.items() if _installed(name)]
+
+
+def _installed(name: str) -> bool:
+    """Whether a format module is present (a trimmed install may lack one; discovery then skips its format)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def module_for(kind: str) -> ModuleType | None:

@@ -19,6 +19,7 @@ import polars as pl
 
 from traceql.ingest import IngestError
 from traceql.ingest._compile_common import graph_break, parse_graph_ops
+from traceql.ingest.sniff import compile_debug as sniff  # noqa: F401  (discovery's test, kept in one place)
 
 KIND = "compile_debug"
 SUPPORTED = True
@@ -29,10 +30,6 @@ _PID = re.compile(r"-pid_(\d+)")
 _RANK = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)", re.I)
 _MODEL_DIR = re.compile(r"^model__(\d+)_(forward|backward|inference)_(\d+)\.(\d+)$")
 _LIMIT = re.compile(r"torch\._dynamo hit config\.(\w+) \((\d+)\)")
-
-
-def sniff(path: Path, head: bytes) -> bool:
-    return path.is_dir() and path.name.startswith("run_") and "-pid_" in path.name
 
 
 def _rank_from_sibling_trace(folder: Path, pid: int) -> int | None:

@@ -36,12 +36,12 @@ from traceql.ingest._compile_common import guard_text as _guard_text
 from traceql.ingest._compile_common import is_cache_limit as _is_cache_limit
 from traceql.ingest._compile_common import json_or_lines as _json_or_lines
 from traceql.ingest._compile_common import parse_graph_ops
+from traceql.ingest.sniff import torch_trace as sniff  # noqa: F401  (discovery's test, kept in one place)
 
 KIND = "torch_trace"
 SUPPORTED = True
 
 # glog prefix then a JSON object: `V1129 09:20:23.443000 14423 torch/_dynamo/...py:123] {"dynamo_start": ...`
-_LINE = re.compile(rb"^[VIWEC]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]]+\] \{")
 _HEAD = re.compile(r"^(?:\[rank\d+\]:)?([VIWEC])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+) +(\d+) ([^\]]*)\] (\{.*)$")
 _RANK_IN_NAME = re.compile(r"rank_(\d+)")
 # a printed FX node's origin in user code (`# File: /x/train.py:20 in forward, code: ...`), torch's own files excluded
@@ -75,15 +75,6 @@ _NEED_PAYLOAD_KINDS = {"dynamo_output_graph", "inductor_post_grad_graph", "optim
 _COMPONENT = re.compile(r"^\[(\w+)\] ([^:]+?): ?(.*)$", re.S)
 # The gap is bounded: unbounded, it is rescanned from every mention of the limit, quadratic on a long reason (issue 16).
 _LIMIT = re.compile(r"(?:recompile_limit|cache_size_limit|cache size limit)[^\n]{0,200}?(?:currently set to |\()(\d++)")
-
-
-def sniff(path: Path, head: bytes) -> bool:
-    for line in head.split(b"\n", 4)[:4]:
-        if line.startswith(b"[rank"):
-            line = line.split(b"]:", 1)[-1]
-        if _LINE.match(line):
-            return b'"frame_id"' in head or b'"str"' in head or b'"artifact"' in head or b'"dynamo_start"' in head
-    return False
 
 
 def _open_text(path: Path):

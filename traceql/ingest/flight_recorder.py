@@ -24,17 +24,12 @@ import polars as pl
 
 from traceql.ingest import IngestError
 from traceql.ingest.collective_names import canonical_collective, dtype_bytes
+from traceql.ingest.sniff import flight_recorder as sniff  # noqa: F401  (discovery's test, kept in one place)
 from traceql.model import SCHEMAS, Source
 
 KIND = "flight_recorder"
 SUPPORTED = True
 MAX_BYTES = 2 << 30  # a dump of the default 2000 entries is a few MB; refuse absurd sizes rather than exhaust memory
-
-def sniff(path: Path, head: bytes) -> bool:
-    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
-        return b"entries" in head and (b"pg_config" in head or b"version" in head)
-    stripped = head.lstrip()
-    return stripped[:1] == b"{" and b'"entries"' in head and (b'"pg_config"' in head or b'"nccl_version"' in head)
 
 
 # Bounds for the pickle pre-scan (_prescan), checked on the opcodes before the unpickler builds anything. A torch dump

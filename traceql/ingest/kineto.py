@@ -64,6 +64,9 @@ from traceql.ingest.budget import report_progress
 from traceql.ingest.collective_names import ANNOTATION as _ANNOT
 from traceql.ingest.collective_names import arg_int as _int1
 from traceql.ingest.kernel_names import comm_kernel_expr, kernel_collective_expr, runtime_kind_expr
+from traceql.ingest.sniff import BOM as _BOM
+from traceql.ingest.sniff import UTF16_BOMS as _UTF16_BOMS
+from traceql.ingest.sniff import kineto as sniff  # noqa: F401  (discovery's test, kept in one place)
 from traceql.model import Source
 
 # TRACEQL_KSCAN=0 turns the compiled scanner off (benchmarks compare both; tests check both give the same tables).
@@ -73,19 +76,6 @@ KIND = "kineto"
 SUPPORTED = True
 
 _READ_CHUNK = 1 << 22
-
-
-_BOM = b"\xef\xbb\xbf"
-_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
-
-
-def sniff(path: Path, head: bytes) -> bool:
-    if head[:2] in _UTF16_BOMS:  # a trace saved as UTF-16 (Windows editors): read as UTF-8 after conversion
-        head = head[: len(head) & ~1].decode("utf-16", "ignore").encode("utf-8", "ignore")
-    text = head.removeprefix(_BOM).lstrip(b" \t\r\n")
-    if text[:1] not in (b"{", b"["):
-        return False
-    return any(k in head for k in (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"', b'"ph"'))
 
 
 # ----------------------------------------------------------------------------------------------------------------

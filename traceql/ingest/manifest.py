@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from traceql.ingest.sniff import manifest as sniff  # noqa: F401  (discovery's test, kept in one place)
 
 KIND = "manifest"
 SUPPORTED = False  # nothing to ingest: the manifest is read by benchmarks/accuracy.py and `rules test`
 HINT = "traceql capture manifest: describes the run, holds no trace data"
 
-
-def sniff(path: Path, head: bytes) -> bool:
-    return path.name == "manifest.json" and b'"scenario"' in head

@@ -33,6 +33,7 @@ import polars as pl
 
 from traceql.ingest import IngestError
 from traceql.ingest.kernel_names import comm_kernel_expr, kernel_collective_expr, runtime_kind_expr
+from traceql.ingest.sniff import nsys as sniff  # noqa: F401  (discovery's test, kept in one place)
 
 
 def _adbc():
@@ -179,10 +180,6 @@ def _db_error(path: Path, e: Exception) -> str:
     if "locked" in low or "busy" in low:
         return f"{path.name}: export is locked by another process (SQLite says: {msg}); wait for nsys export to finish and retry"
     return f"{path.name}: cannot read the SQLite export (SQLite says: {msg}); re-export it with nsys export --type sqlite"
-
-
-def sniff(path: Path, head: bytes) -> bool:
-    return head.startswith(b"SQLite format 3\x00")
 
 
 def step_pattern() -> str:

@@ -19,17 +19,11 @@ import polars as pl
 from traceql.ingest import IngestError
 from traceql.ingest._compile_common import graph_break, guard_text, wont_convert
 from traceql.ingest.compile_trace import parse_compile_id
+from traceql.ingest.sniff import torch_logs as sniff  # noqa: F401  (discovery's test, kept in one place)
 
 KIND = "torch_logs"
 SUPPORTED = True
 
-# A glog line from torch, with a compile id bracket or one of the artifacts we read; a launcher prefix may lead.
-_MARK = re.compile(
-    rb"(?m)^(?:\[rank\d++\]:)?(?:[VIWE]\d{4} \d\d:\d\d:\d\d\.\d++ ++\d++ torch/[^\]\n]++\] "
-    rb"|\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d++\] (?:\[[!\d/]++\] )?torch\._dynamo\.[\w\.]++: \[[A-Z]++\] )"
-    rb"(?:\[[!\d/]+\] )?(?:\[__recompiles|\[__graph_breaks|Recompiling function|Graph break|torch\._dynamo hit config"
-    rb"|WON'T CONVERT)"
-)
 _LINE = re.compile(
     r"^(?:\[rank(?P<rank>\d++)\]:)?(?P<lvl>[VIWE])(?P<md>\d{4}) (?P<t>\d\d:\d\d:\d\d\.\d++) ++(?P<tid>\d++) "
     r"(?P<loc>[^\]]++)\] (?:\[(?P<cid>!?[\d/]++)\] )?(?:\[(?P<art>__\w++)\] )?(?P<text>.*)$"
@@ -57,7 +51,6 @@ def _first(pattern: re.Pattern, phrase: str, text: str) -> re.Match | None:
     return pattern.match(text, i + len(phrase)) if i >= 0 else None
 
 
-
 def _stand_in_frame(row: dict, frames: dict, count: bool = True) -> None:
     """torch < 2.4 logs recompiles without a compile id: number the frames by function (negative ids, so they never
     pass for torch's own) and the recompiles of each in order, so that a frame's recompiles still count together."""
@@ -67,10 +60,6 @@ def _stand_in_frame(row: dict, frames: dict, count: bool = True) -> None:
         f[1] += 1
     row["frame_id"], row["attempt"] = f[0], f[1]
     row["detail"]["stand_in_frame_id"] = True
-
-
-def sniff(path: Path, head: bytes) -> bool:
-    return bool(_MARK.search(head))
 
 
 def _messages(path: Path):
