@@ -1,5 +1,4 @@
-"""The command's fast paths keep its answers: discovery sniffs without importing the readers, and the compiled-rule
-cache returns exactly the rules a checked load gives, missing whenever a rule file, its path or the loader changes."""
+"""The command's fast paths keep its answers: discovery sniffs without importing the readers."""
 
 from __future__ import annotations
 
