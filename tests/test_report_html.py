@@ -503,3 +503,15 @@ def test_timeline_draws_at_most_max_ranks_and_says_so(monkeypatch):
     data = html_timeline.timeline_data(result)
     assert {ln["rank"] for ln in data["lanes"]} == {0}
     assert any("1 of 2 ranks not drawn" in c for c in data["cut"])
+
+
+def test_compiled_autograd_ids_sort_beside_ordinary_ones():
+    """A compiled-autograd compile id ("!0/0/0", as TORCH_TRACE writes it) among ordinary ones ("4/0") once made
+    the cache-key table's sort compare a string with a number: the whole HTML report failed."""
+    result = checked(str(FIXTURES / "h200x2-divergent-compile"))
+    ce = result.run.tables["compile_events"]
+    keyed = ce.filter(pl.col("cache_key").is_not_null()).head(1)
+    assert keyed.height
+    result.run.tables["compile_events"] = pl.concat([ce, keyed.with_columns(pl.lit("!0/0/0").alias("compile_id"))])
+    sec = _compile_section(result)
+    assert "!0/0/0" in sec and "4/0" in sec

@@ -238,6 +238,11 @@ def _safe_parts(name: str) -> tuple[list[str] | None, str]:
     return parts, ""
 
 
+def _short(name: str, keep: int = 300) -> str:
+    """An entry name as a report may show it: a hostile 300 MB long name is cut, not copied into every report."""
+    return name if len(name) <= keep else name[:keep] + f"... ({len(name):,} characters)"
+
+
 class _Writer:
     """Writes entries under one folder, refusing what escapes it and stopping at the budget."""
 
@@ -245,6 +250,7 @@ class _Writer:
         self.x, self.budget, self.label, self.depth = x, budget, label, depth
 
     def refuse(self, where: Path, name: str, why: str) -> None:
+        name = _short(name)
         # the source is placed at its would-be path inside tmp so that it shows as ARCHIVE!/NAME; a hostile name is
         # kept as written ('..' parts are not collapsed by pathlib), minus a leading slash
         if len(self.x.refused) >= MAX_REFUSALS_LISTED:  # a million hostile entries make one line, not a million
@@ -255,6 +261,7 @@ class _Writer:
                                      detail=f"entry {name!r} of {self.label}: refused: {why}", meta={"shown": True}))
 
     def stop(self, where: Path, name: str, why: str) -> None:
+        name = _short(name)
         self.x.refused.append(Source(where / (name.lstrip("/") or "(empty name)"), "unknown", status="error", detail=(
             f"{self.label} {why}: expansion stopped at entry {name!r}; the entries before it are analysed, "
             "the rest are not read"), meta={"shown": True}))

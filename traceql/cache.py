@@ -357,9 +357,11 @@ _run_began: tuple[Path, float] | None = None  # (the cache folder, when the chec
 _run_over: int = 0  # the most bytes above the cap this run's own entries needed
 
 
-def begin_run() -> None:
+def begin_run(since: float | None = None) -> None:
+    """From now on (or from `since`, when the check began elsewhere), this check's entries are never evicted."""
     global _run_began, _run_over
-    _run_began, _run_over = (cache_dir(), time.time() - 2), 0  # mtimes are whole seconds on some filesystems
+    # mtimes are whole seconds on some filesystems
+    _run_began, _run_over = (cache_dir(), time.time() - 2 if since is None else since), 0
 
 
 def _ours_since(root: Path) -> float | None:

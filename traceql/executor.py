@@ -42,6 +42,7 @@ from traceql.model.derived import DERIVED
 from traceql.model.result import RuleResult
 from traceql.rules import sql_guard
 from traceql.rules.engine import run_rules
+from traceql.ingest.loader import _size
 from traceql.rules.loader import Rule
 
 _COMPARING_MEASURES = ("spread", "distinct")
@@ -129,9 +130,11 @@ def plan(rules: list[Rule]) -> Plan:
     # The cross-rank stage rebuilds run-scoped tables and views from these; nothing else leaves a rank task. Only the
     # frontier goes: a rank-scoped table is shipped built (step_times, not the kernels it was built from).
     ship: set[str] = set()
-    for r in cross:
+    # what the what-if replay reads on the driver to cost every finding (traceql.rules.causes, link.whatif)
+    replay = {"step_metrics", "collective_instances", "critical_path", "collectives"} if any(r.cost for r in rules) else set()
+    for r in [*cross, None] if replay else cross:
         views = getattr(r, "views", {}) or {}
-        todo, seen = list(_named_tables(r)), set()
+        todo, seen = list(_named_tables(r) if r is not None else replay), set()
         while todo:
             t = todo.pop()
             if t in seen:
@@ -149,8 +152,10 @@ def plan(rules: list[Rule]) -> Plan:
 # ---------------------------------------------------------------- the tasks (run on Dask workers)
 
 
-def read_task(run_path: str, source: Source, use_cache: bool) -> tuple[Source, dict[str, pl.DataFrame]]:
-    """Phase 1: one source read where the worker runs; its tables stay there."""
+def read_task(run_path: str, source: Source, use_cache: bool, began: float | None = None
+              ) -> tuple[Source, dict[str, pl.DataFrame]]:
+    """Phase 1: one source read where the worker runs; its tables stay there. `began`: when the check began, so
+    that a worker reading several sources of it never evicts the earlier ones from the cache (cache.begin_run)."""
     import multiprocessing
 
     if multiprocessing.current_process().daemon:
@@ -159,7 +164,7 @@ def read_task(run_path: str, source: Source, use_cache: bool) -> tuple[Source, d
         os.environ["TRACEQL_SOURCE_ISOLATION"] = "0"
     from traceql.ingest.loader import ingest
 
-    run = ingest(Path(run_path), [source], use_cache=use_cache, jobs=1)
+    run = ingest(Path(run_path), [source], use_cache=use_cache, jobs=1, began=began)
     src = run.sources[0]
     return src, {k: v for k, v in run.tables.items() if v.height}
 
@@ -217,18 +222,14 @@ def client_for(address: str):
             json.loads(p.read_text())
         except (OSError, ValueError) as e:
             raise SchedulerError(f"--scheduler {address}: not a Dask scheduler file ({e})") from None
-        return Client(scheduler_file=str(p), timeout="30s")
+        try:
+            return Client(scheduler_file=str(p), timeout="30s")
+        except OSError as e:  # a scheduler file left behind by a scheduler that is gone (TimeoutError included)
+            raise SchedulerError(f"--scheduler {address}: cannot reach the scheduler it names ({e})") from None
     try:
         return Client(address, timeout="30s")
     except OSError as e:
         raise SchedulerError(f"--scheduler {address}: cannot reach a Dask scheduler there ({e})") from None
-
-
-def _size(s: Source) -> int:
-    try:
-        return s.path.stat().st_size if s.path.is_file() else sum(p.stat().st_size for p in s.path.rglob("*") if p.is_file())
-    except OSError:
-        return 0
 
 
 def _groups(sources: list[Source]) -> list[list[Source]]:
@@ -271,8 +272,11 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
     """Discovered sources through Dask to (the cross-rank stage's run, every rule's result in rule order)."""
     run_path = Path(run_path)
     todo = [s for s in sources if s.status in ("ok", "partial")]
+    import time
+
     order = sorted(todo, key=_size, reverse=True)  # largest first: the longest tasks start first
-    reads = {s.id: client.submit(read_task, str(run_path), s, use_cache, key=f"read-{s.id}-{id(s)}",
+    began = time.time() - 2
+    reads = {s.id: client.submit(read_task, str(run_path), s, use_cache, began, key=f"read-{s.id}-{id(s)}",
                                  priority=len(order) - i, pure=False)
              for i, s in enumerate(order)}
     from distributed import wait

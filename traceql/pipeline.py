@@ -96,6 +96,9 @@ def _check_on_dask(path: Path, scheduler, chosen, overrides, use_cache: bool):
 
     if not path.exists():
         raise NothingToAnalyse(f"{path}: no such file or directory")
+    if archive.is_archive(path):
+        raise NothingToAnalyse(f"{path}: --scheduler reads a run directory the Dask workers can see; unpack the "
+                               "archive there first, or check it without --scheduler")
     sources = discover(path)
     client = executor.client_for(scheduler) if isinstance(scheduler, str) else scheduler  # or a Client already made
     try:

@@ -55,6 +55,10 @@ def serve(ctx, host, port, store_dir, workers, max_upload_mb, job_timeout, keep_
     click.echo(f"traceql serve: http://{host}:{port}/ (store {store.root}; {workers} worker(s); "
                f"{requeued} job(s) resumed, {failed} failed after restarts)", err=True)
     try:
+        import tempfile
+
+        # Starlette spools uploads above 1 MB to a temporary file first: into the store, not a small or RAM-backed /tmp
+        tempfile.tempdir = str(store.root / "tmp")
         uvicorn.Server(uvicorn.Config(create_app(store, queue, max_upload_mb << 20), host=host, port=port,
                                       log_level="warning", lifespan="off")).run()
     finally:

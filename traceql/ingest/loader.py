@@ -106,11 +106,12 @@ def _size(s: Source) -> int:
 
 
 def ingest(run_path: Path, sources: list[Source], use_cache: bool = True, jobs: int | None = None, progress=None,
-           read_progress=None) -> Run:
+           read_progress=None, began: float | None = None) -> Run:
     """Read every source into the canonical tables. progress(source) after each source; read_progress(source, done,
-    total) while a worker reads a large file (its position in bytes)."""
+    total) while a worker reads a large file (its position in bytes). `began`: when the check began, where this
+    reads part of it (a Dask read task): its entries since then are this check's (cache.begin_run)."""
     if use_cache:
-        cache.begin_run()
+        cache.begin_run(began)
     run = _ingest(run_path, sources, use_cache, jobs, progress, read_progress)
     note = cache.over_cap_note() if use_cache else None
     if note:

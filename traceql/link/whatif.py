@@ -256,7 +256,8 @@ def finding_saves(run: Run, finding, spec: dict, base: pl.DataFrame) -> pl.DataF
         v = finding.evidence.get(spec["rank_column"], finding.ranks)
         ranks = [int(x) for x in (v if isinstance(v, list) else [v]) if x is not None] or None
     if cause == "straggler_delay":
-        return straggler_saves(run, ranks or [])
+        s = straggler_saves(run, ranks or [])
+        return s if steps is None else s.filter(pl.col("step").is_in(steps))
     if cause == "exposed_comm":
         return exposed_comm_saves(base, ranks)
     if cause == "gpu_idle" and not spec.get("ms"):

@@ -25,12 +25,14 @@ _RULE_ROWS = {"compile_time": "TQL405", "graph_break_cost": "TQL402", "compile_f
               "compile_failures": "TQL406"}
 
 
-def _table(run, name: str) -> pl.DataFrame | None:
+def _table(run, name: str, rules: dict | None = None) -> pl.DataFrame | None:
+    """A link table, or for the compile rules' numbers the rule's own rows: the rule as this check ran it (its pack,
+    --rules included), else the bundled one."""
     if name in _RULE_ROWS:
         from traceql.rules.engine import rows
         from traceql.rules.loader import load_rules
 
-        rule = next((r for r in load_rules() if r.id == _RULE_ROWS[name]), None)
+        rule = (rules or {}).get(_RULE_ROWS[name]) or next((r for r in load_rules() if r.id == _RULE_ROWS[name]), None)
         try:
             return None if rule is None else rows(run, rule)
         except Exception:  # one compile table failing loses its part, not the section
@@ -49,6 +51,7 @@ def _more(n: int, shown: int, what: str) -> str:
 
 def compile_section(result: CheckResult) -> str:
     run = result.run
+    rules = {r.rule.id: r.rule for r in result.results}
     ce = run.table("compile_events")
     out = ["<section id=compile><h2>torch.compile</h2>"]
     if ce.height == 0:
@@ -56,23 +59,23 @@ def compile_section(result: CheckResult) -> str:
                    "source): nothing compiled, or it was not logged. Set TORCH_TRACE=DIR on every rank to record it.</p></section>")
         return "\n".join(out)
     kinds = Counter(ce["kind"].to_list())
-    out.append(_per_rank(run, ce))
+    out.append(_per_rank(run, ce, rules))
     out.append(_compile_ids(ce))
-    out.append(_graph_breaks(run, ce, kinds))
-    out.append(_recompiles(run, ce, kinds))
+    out.append(_graph_breaks(run, ce, kinds, rules))
+    out.append(_recompiles(run, ce, kinds, rules))
     out.append(_cache_keys(run, ce, result.findings))
-    out.append(_failures(run))
+    out.append(_failures(run, rules))
     out.append("</section>")
     return "\n".join(out)
 
 
-def _per_rank(run, ce: pl.DataFrame) -> str:
+def _per_rank(run, ce: pl.DataFrame, rules: dict) -> str:
     counts = (ce.filter(pl.col("rank").is_not_null()).group_by("rank").agg(
         *[(pl.col("kind") == k).sum().alias(k) for k in ("recompile", "cache_hit", "cache_miss", "cache_bypass", "cache_limit")],
         pl.col("compile_id").drop_nulls().n_unique().alias("ids")).sort("rank"))
     breaks = _breaks(ce.filter(pl.col("kind") == "graph_break")).group_by("rank").agg(pl.len().alias("graph_break"))
     counts = counts.join(breaks, on="rank", how="left").with_columns(pl.col("graph_break").fill_null(0))
-    ct = _table(run, "compile_time")
+    ct = _table(run, "compile_time", rules)
     times = {r["rank"]: r for r in ct.iter_rows(named=True)} if ct is not None else {}
     med = None
     if times:
@@ -132,13 +135,13 @@ def _compile_ids(ce: pl.DataFrame) -> str:
     return "\n".join(out)
 
 
-def _graph_breaks(run, ce: pl.DataFrame, kinds: Counter) -> str:
+def _graph_breaks(run, ce: pl.DataFrame, kinds: Counter, rules: dict) -> str:
     gb = ce.filter(pl.col("kind") == "graph_break")
     out = ["<h3 id=graph-breaks>Graph breaks</h3>"]
     if gb.height == 0:
         out.append("<p class=note>No graph break recorded.</p>")
         return "\n".join(out)
-    cost = _table(run, "graph_break_cost")
+    cost = _table(run, "graph_break_cost", rules)
     g = (_breaks(gb).group_by("compile_id", "reason", "user_frame")
          .agg(pl.col("rank").drop_nulls().unique().sort().alias("ranks"), pl.len().alias("n"))
          .join(_frame_functions(ce), on="compile_id", how="left"))
@@ -182,9 +185,9 @@ def _frame_functions(ce: pl.DataFrame) -> pl.DataFrame:
             .group_by("compile_id").agg(pl.col("function").drop_nulls().first()))
 
 
-def _recompiles(run, ce: pl.DataFrame, kinds: Counter) -> str:
+def _recompiles(run, ce: pl.DataFrame, kinds: Counter, rules: dict) -> str:
     out = ["<h3 id=recompiles>Recompiles and their guards</h3>"]
-    fr = _table(run, "compile_frames")
+    fr = _table(run, "compile_frames", rules)
     if fr is not None and fr.height:
         fr = fr.filter((pl.col("recompiles") > 0) | pl.col("limit_hit"))
     rc = ce.filter(pl.col("kind").is_in(["recompile", "cache_limit"]))
@@ -229,7 +232,9 @@ def _cache_keys(run, ce: pl.DataFrame, findings: list) -> str:
     cells: dict[tuple, dict[int, tuple[str, str]]] = {}
     for r in k.iter_rows(named=True):
         cells.setdefault((r["compile_id"], r["graph"]), {})[r["rank"]] = (r["cache_key"], r["kind"])
-    order = sorted(cells, key=lambda t: ([int(x) if x.isdigit() else x for x in str(t[0]).split("/")], t[1]))
+    # compile ids in numeric order; a compiled-autograd id ("!0/0/0") sorts after the others, never against a number
+    order = sorted(cells, key=lambda t: ([(0, int(x), "") if x.isdigit() else (1, 0, x) for x in str(t[0]).split("/")],
+                                         t[1]))
     diverging = 0
     rows = []
     for cid, gi in order:
@@ -271,8 +276,8 @@ def _cache_keys(run, ce: pl.DataFrame, findings: list) -> str:
     return "\n".join(out)
 
 
-def _failures(run) -> str:
-    f = _table(run, "compile_failures")
+def _failures(run, rules: dict) -> str:
+    f = _table(run, "compile_failures", rules)
     out = ["<h3 id=compile-failures>Compile failures</h3>"]
     if f is None or f.height == 0:
         out.append("<p class=note>No compile failure recorded.</p>")

@@ -37,7 +37,7 @@ def children(findings: list) -> dict[str, list]:
 def roots(findings: list) -> list:
     """The findings no other finding of the report explains."""
     here = {f.fingerprint for f in findings}
-    return [f for f in findings if not (f.caused_by and f.caused_by in here)]
+    return [f for f in findings if not (f.caused_by and f.caused_by in here and f.caused_by != f.fingerprint)]
 
 
 def _count(fp: str, kids: dict[str, list], seen: set[str]) -> int:

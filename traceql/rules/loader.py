@@ -303,8 +303,11 @@ def views_of(dirs: list[Path]) -> dict[str, View]:
     key = []
     for d in dirs:
         folder = Path(d) / "views"
-        files = sorted(folder.iterdir()) if folder.is_dir() else []
-        key.append((str(Path(d).resolve()), tuple((p.name, p.stat().st_mtime_ns) for p in files)))
+        try:
+            files = sorted(p for p in folder.iterdir() if p.suffix in (".sql", ".yaml", ".yml")) if folder.is_dir() else []
+            key.append((str(Path(d).resolve()), tuple((p.name, p.stat().st_mtime_ns) for p in files)))
+        except OSError as e:
+            raise RuleError(f"{folder}: cannot read the views folder: {e}") from None
     key = tuple(key)
     if key not in _VIEWS:
         try:

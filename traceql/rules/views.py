@@ -55,7 +55,12 @@ def _read(path: Path) -> View:
     if not NAME_RE.match(name):
         raise ViewError(f"{path}: field 'name': view name {name!r} must be lower_snake_case (it is used as a table name)")
     if path.suffix == ".sql":
+        from traceql.rules.yamlfile import MAX_RULE_BYTES
+
         try:
+            if path.stat().st_size > MAX_RULE_BYTES:  # a view is a page of SQL, like a rule file
+                raise ViewError(f"{path}: {path.stat().st_size} bytes is too large for a view file (limit "
+                                f"{MAX_RULE_BYTES >> 10} KB)")
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise ViewError(f"{path}: cannot read view: {e}") from None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import re
+import shutil
 import time
 
 from starlette.applications import Starlette
@@ -120,20 +121,20 @@ def create_app(store: Store, queue: Queue, max_upload_bytes: int) -> Starlette:
                 raise ValueError("no file: send the archive as the multipart field `file`")
             name = _safe_name(up.filename or "upload")
             jid, d = store.new_job_dir()
-            path = d / name
+            # one folder down: the job's attempts write run-N/ beside it, whatever the upload is called
+            (d / "upload").mkdir(mode=0o700)
+            path = d / "upload" / name
             written = 0
             with open(path, "wb") as f:
                 while chunk := await up.read(_CHUNK):
                     written += len(chunk)
                     if written > max_upload_bytes:
                         f.close()
-                        path.unlink(missing_ok=True)
-                        d.rmdir()
+                        shutil.rmtree(d, ignore_errors=True)
                         raise _TooLarge
                     f.write(chunk)
             if written == 0:
-                path.unlink()
-                d.rmdir()
+                shutil.rmtree(d, ignore_errors=True)
                 raise ValueError("the uploaded file is empty")
         finally:
             await form.close()

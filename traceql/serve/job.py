@@ -13,27 +13,34 @@ from pathlib import Path
 
 def main(upload: Path, out: Path) -> int:
     from traceql import pipeline
-    from traceql.exit_codes import EXIT_USAGE
+    from traceql.exit_codes import EXIT_INTERNAL, EXIT_USAGE
     from traceql.report import render
     from traceql.rules.config import ConfigError, load_config
+    from traceql.rules.loader import RuleError
 
     try:
         # the service's configuration is the default pack; a config file inside the upload is never read
         result = pipeline.check(upload, config=load_config(None), progress=False)
-    except (ConfigError, pipeline.NothingToAnalyse) as e:
+    except (ConfigError, RuleError, pipeline.NothingToAnalyse) as e:
         _say(str(e))
         return EXIT_USAGE
-    for fmt, name in (("json", "report.json"), ("sarif", "report.sarif"), ("html", "report.html")):
-        tmp = out / (name + ".tmp")
-        tmp.write_text(render(result, fmt), encoding="utf-8")
-        tmp.replace(out / name)  # a report is there whole or not at all
-    code, reason = result.verdict(upload, "warning")
+    try:
+        code, reason = result.verdict(upload, "warning")
+        if code != EXIT_USAGE and (result.run.table("kernels").height or result.run.table("host_ops").height):
+            from traceql.report.annotate import write
+
+            write(result, out / "trace.json.gz", host=True)
+        # report.json last: the queue reads a job whose report.json exists as done, so it must mean every report is
+        for fmt, name in (("html", "report.html"), ("sarif", "report.sarif"), ("json", "report.json")):
+            tmp = out / (name + ".tmp")
+            tmp.write_text(render(result, fmt), encoding="utf-8")
+            tmp.replace(out / name)  # a report is there whole or not at all
+    except Exception as e:  # a renderer's bug must fail the job with its reason, not pass as "done, findings"
+        _say(f"internal error writing the reports ({type(e).__name__}: {(str(e).splitlines() or [''])[0]}); "
+             "please report it with the run")
+        return EXIT_INTERNAL
     if reason:
         _say(reason)
-    if code != EXIT_USAGE and (result.run.table("kernels").height or result.run.table("host_ops").height):
-        from traceql.report.annotate import write
-
-        write(result, out / "trace.json.gz", host=True)
     return code
 
 

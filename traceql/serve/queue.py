@@ -88,7 +88,10 @@ class Queue:
         if not force and time.monotonic() - self._last_cleanup < CLEANUP_EVERY_S:
             return 0
         self._last_cleanup = time.monotonic()
-        return self.store.cleanup(self.keep_days, self.keep_jobs)
+        try:
+            return self.store.cleanup(self.keep_days, self.keep_jobs)
+        except Exception:  # noqa: BLE001  (two workers cleaning at once, a locked database: the next round retries)
+            return 0
 
     def _work(self) -> None:
         while not self._stop.is_set():
@@ -103,6 +106,7 @@ class Queue:
             except Exception as e:  # a bug here must fail the job, not leave it running forever
                 if not self._stop.is_set():
                     self.store.finish(job["id"], "failed", f"internal error of the service: {type(e).__name__}: {e}")
+            self.cleanup()  # after the job is recorded: a cleanup's error never turns a finished job into a failed one
 
     def _run(self, job: dict) -> None:
         jid = job["id"]
@@ -137,7 +141,6 @@ class Queue:
             self.store.finish(jid, "done", reason, report=out.name, exit_code=rc, findings=findings)
         else:
             self.store.finish(jid, "failed", said or f"the check process exited with status {rc}", exit_code=rc)
-        self.cleanup()
 
 
 def _kill(p: subprocess.Popen) -> None:
