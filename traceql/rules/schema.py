@@ -21,6 +21,7 @@ from traceql.model import Run
 from traceql.model.derived import DERIVED, SCHEMAS, empty
 from traceql.rules import compose, engine, sql_guard
 from traceql.rules.condition import ConditionError, compile_condition
+from traceql.rules.views import _first
 from traceql.rules.yamlfile import RuleError
 
 if TYPE_CHECKING:
@@ -110,11 +111,6 @@ def _check_select_names(rule: Rule, fld: str, s: dict, views: dict) -> None:
             asch = {**asch, "ts": pl.Int64, "end": pl.Int64}
         _check_cols(rule, f"{fld}.against.where", (ag.get("where") or {}).keys(), asch, f"table {at}")
         _check_cols(rule, f"{fld}.against", [c for c in per if c != "source"], asch, f"table {at} (per)")
-
-
-def _first(e: Exception) -> str:
-    s = str(e).strip()
-    return s.splitlines()[0] if s else type(e).__name__
 
 
 def output(rule: Rule) -> pl.DataFrame:

@@ -19,6 +19,7 @@ from pathlib import Path
 import polars as pl
 
 from traceql.rules import sql_guard
+from traceql.rules.yamlfile import MAX_RULE_BYTES, RuleError, load_yaml
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -49,17 +50,14 @@ def _sql_doc(text: str) -> str:
 
 
 def _read(path: Path) -> View:
-    from traceql.rules.yamlfile import RuleError, load_yaml
-
     name = path.stem
     if not NAME_RE.match(name):
         raise ViewError(f"{path}: field 'name': view name {name!r} must be lower_snake_case (it is used as a table name)")
     if path.suffix == ".sql":
-        from traceql.rules.yamlfile import MAX_RULE_BYTES
-
         try:
-            if path.stat().st_size > MAX_RULE_BYTES:  # a view is a page of SQL, like a rule file
-                raise ViewError(f"{path}: {path.stat().st_size} bytes is too large for a view file (limit "
+            size = path.stat().st_size
+            if size > MAX_RULE_BYTES:  # a view is a page of SQL, like a rule file
+                raise ViewError(f"{path}: {size} bytes is too large for a view file (limit "
                                 f"{MAX_RULE_BYTES >> 10} KB)")
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:

@@ -24,13 +24,22 @@ DEFAULT_JOB_TIMEOUT_S = 1800.0
 CLEANUP_EVERY_S = 600.0
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def _libc_prctl():
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except Exception:  # not Linux: the child simply does not die with the service
+        return None
+
+
+# resolved here, once: between fork and exec a multithreaded server must not import or dlopen anything
+_PRCTL = _libc_prctl()
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _last_line(path: Path) -> str:
