@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,6 +153,9 @@ def plan(rules: list[Rule]) -> Plan:
 # ---------------------------------------------------------------- the tasks (run on Dask workers)
 
 
+_READ_LOCK = threading.Lock()
+
+
 def read_task(run_path: str, source: Source, use_cache: bool, began: float | None = None
               ) -> tuple[Source, dict[str, pl.DataFrame]]:
     """Phase 1: one source read where the worker runs; its tables stay there. `began`: when the check began, so
@@ -164,7 +168,8 @@ def read_task(run_path: str, source: Source, use_cache: bool, began: float | Non
         os.environ["TRACEQL_SOURCE_ISOLATION"] = "0"
     from traceql.ingest.loader import ingest
 
-    run = ingest(Path(run_path), [source], use_cache=use_cache, jobs=1, began=began)
+    with _READ_LOCK:  # the ingest worker pool of this process is one pipe per worker: one thread at a time uses it
+        run = ingest(Path(run_path), [source], use_cache=use_cache, jobs=1, began=began)
     src = run.sources[0]
     return src, {k: v for k, v in run.tables.items() if v.height}
 
