@@ -23,22 +23,18 @@ Only the standard library is used, except zstandard for .tar.zst (optional: `pip
 
 from __future__ import annotations
 
-import bz2
 import io
-import lzma
 import os
 import re
-import shutil
 import stat
-import tarfile
-import tempfile
-import zipfile
-import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from traceql.model import Source
+from traceql.model.source import Source
+
+# The decompressors, tarfile, zipfile, shutil and tempfile load only when an archive is read (_expand_into, expanded):
+# every check asks is_archive(), almost always of a folder, and must not pay for them.
 
 MB = 1 << 20
 DEFAULT_MAX_ENTRIES = 100_000
@@ -91,25 +87,43 @@ def _is_tar_header(block: bytes) -> bool:
     if block[257:262] == b"ustar":
         return True
     try:
-        return tarfile.calc_chksums(block[:512])[0] == int(block[148:156].strip(b"\x00 ") or b"-1", 8)
+        # the v7 checksum as tarfile computes it (calc_chksums): every byte, the checksum field counted as 8 spaces
+        return 256 + sum(block[:148]) + sum(block[156:512]) == int(block[148:156].strip(b"\x00 ") or b"-1", 8)
     except ValueError:
         return False
 
 
+def _read_errors() -> tuple[type[BaseException], ...]:
+    """What a truncated or corrupt archive raises while it is read (an except clause evaluates this only when an
+    exception is being matched, so the modules load then)."""
+    import lzma
+    import tarfile
+    import zipfile
+    import zlib
+
+    return (OSError, EOFError, zlib.error, lzma.LZMAError, tarfile.TarError, zipfile.BadZipFile)
+
+
 def _decompressed_head(path: Path, kind: str, n: int = 1024) -> bytes:
+    import zlib
+
     with open(path, "rb") as f:
         raw = f.read(64 * 1024)
     try:
         if kind == "gz":
             return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(raw, n)
         if kind == "bz2":
+            import bz2
+
             return bz2.BZ2Decompressor().decompress(raw, n)
         if kind == "xz":
+            import lzma
+
             return lzma.LZMADecompressor().decompress(raw, n)
         if kind == "zst":
             with open(path, "rb") as f, _zstd(path).ZstdDecompressor().stream_reader(f) as r:
                 return r.read(n)
-    except (zlib.error, OSError, EOFError, lzma.LZMAError, ValueError):
+    except (*_read_errors(), ValueError):
         return b""
     except Exception as e:  # zstandard.ZstdError is not an OSError
         if type(e).__name__ == "ZstdError":
@@ -190,6 +204,8 @@ class _Budget:
     def for_archive(cls, path: Path, tmp: Path) -> _Budget:
         max_mb = _env_int("TRACEQL_ARCHIVE_MAX_MB", DEFAULT_MAX_MB)
         max_bytes = None if max_mb is None else max_mb * MB
+        import shutil
+
         try:
             free = shutil.disk_usage(tmp).free - FREE_MARGIN
             max_bytes = free if max_bytes is None else min(max_bytes, free)
@@ -318,7 +334,7 @@ class _Writer:
                         self.stop(where, name, why)
         except _Stop:
             raise
-        except (OSError, EOFError, zlib.error, lzma.LZMAError, tarfile.TarError, zipfile.BadZipFile) as e:
+        except _read_errors() as e:
             target.unlink(missing_ok=True)
             self.refuse(where, name, f"truncated or corrupt ({type(e).__name__}: {str(e)[:120]}); the archive may "
                         "be cut short: copy it again")
@@ -369,7 +385,7 @@ def _expand_into(path: Path, kind: str, where: Path, x: Expanded, budget: _Budge
             _expand_zip(path, where, w)
         else:
             _expand_tar(path, kind, where, w)
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, zlib.error, lzma.LZMAError) as e:
+    except _read_errors() as e:
         if not x.entries and not x.refused:
             raise ArchiveError(f"{label}: not a readable {kind} archive ({type(e).__name__}: {str(e)[:160]}); "
                                "check that the upload is complete") from None
@@ -379,6 +395,8 @@ def _expand_into(path: Path, kind: str, where: Path, x: Expanded, budget: _Budge
 
 
 def _expand_tar(path: Path, kind: str, where: Path, w: _Writer) -> None:
+    import tarfile
+
     with open(path, "rb") as raw:
         if kind == "tar.zst":
             stream = _zstd(path).ZstdDecompressor().stream_reader(raw, read_across_frames=True)
@@ -412,6 +430,8 @@ def _expand_tar(path: Path, kind: str, where: Path, w: _Writer) -> None:
 
 
 def _expand_zip(path: Path, where: Path, w: _Writer) -> None:
+    import zipfile
+
     with zipfile.ZipFile(path) as zf:
         for info in zf.infolist():
             name = info.filename
@@ -458,6 +478,9 @@ def expanded(path: Path):
         raise ArchiveError(f"{path}: not a tar or zip archive")
     if kind == "tar.zst":
         _zstd(path)
+    import shutil
+    import tempfile
+
     tmp = Path(tempfile.mkdtemp(prefix="traceql-archive-"))  # mode 0700: private to this user
     try:
         os.chmod(tmp, 0o700)

@@ -5,7 +5,6 @@ Importing this module never imports torch: only the rank processes do.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -92,6 +91,8 @@ def list_cmd(fmt):
         rows = [{"scenario": s.name, "summary": s.summary, "compiled": s.compiled, "default_ranks": s.default_ranks,
                  "min_ranks": s.min_ranks, "expected": [r for r, _ in s.expected], "clean": s.clean}
                 for s in SCENARIOS.values()]
+        import json
+
         click.echo(json.dumps(rows, indent=2))
         return
     w = max(len(n) for n in SCENARIOS)
