@@ -419,14 +419,11 @@ def _findings(result: CheckResult, root: Path) -> str:
     rules = {r.rule.id: r.rule for r in result.results}
     if not result.findings:
         # the text report's sentence: "No findings" only where every rule ran, else what did not run
-        from rich.text import Text
-
-        from traceql.report.text import _no_findings
+        from traceql.report.text import _no_findings, plain
 
         ran = sum(1 for r in result.results if r.status == "ran")
         errored = sum(1 for r in result.results if r.status == "error")
-        sentence = Text.from_markup(_no_findings(ran, len(result.results) - ran - errored, errored,
-                                                 bool(result.run.ranks))).plain
+        sentence = plain(_no_findings(ran, len(result.results) - ran - errored, errored, bool(result.run.ranks)))
         clean = sentence.startswith("No findings")
         out.append(f"<p class={'ok' if clean else 'warn'}>{e(sentence)}</p>")
     findings = result.findings[:MAX_FINDINGS]

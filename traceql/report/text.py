@@ -2,17 +2,17 @@
 
 Lines are wrapped at `width` by words, continuation lines indented under their text; a token longer than the line
 (a kernel name, a path) is kept whole rather than cut, so it can be searched and copied.
+
+Colour is a handful of SGR codes written here, as rich wrote them before (bold red: ESC[1;31m ... ESC[0m): importing
+rich cost every `check` ~25 ms for these few styles. Sentences shared with the HTML report ("Start here", "No
+findings") are built in a small markup, `[bold]text[/]`, with `\\[` and `\\\\` for a literal bracket and backslash
+(`_t` escapes input-derived text); `plain` and `first_style` read it.
 """
 
 from __future__ import annotations
 
-import io
 import re
 import textwrap
-
-from rich.console import Console
-from rich.markup import escape
-from rich.text import Text
 
 from traceql.model.ranks import format_ranks
 from traceql.model.text_safety import visible
@@ -20,18 +20,78 @@ from traceql.model.result import CheckResult
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _STATUS = {"ok": "green", "partial": "yellow", "skipped": "dim", "error": "red"}
+# SGR parameters of the styles above, attributes before the colour (the order rich wrote them in)
+_SGR = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "cyan": "36"}
+_ORDER = ("bold", "dim", "red", "green", "yellow", "cyan")
+_MARKUP = re.compile(r"\\([\\\[])|\[(/?)([a-z ]*)\]")
 
 
 def _t(text) -> str:
-    """Input-derived text as rich markup (the Start here lines are built as markup): control characters shown as
-    escapes, then markup escaped."""
-    return escape(visible(str(text)))
+    """Input-derived text as markup (the Start here lines are built as markup): control characters shown as escapes,
+    then backslashes and brackets escaped, so that no input can open or close a style."""
+    return visible(str(text)).replace("\\", "\\\\").replace("[", "\\[")
 
 
-def _wrap(con: Console, width: int | None, head: str, text: str, style: str = "", indent: int | None = None) -> None:
+def _spans(markup: str) -> tuple[str, list[str]]:
+    """(the plain text, the style of each span in order of opening) of a markup string; an unknown or unbalanced tag
+    is kept as text, never an error."""
+    out: list[str] = []
+    styles: list[str] = []
+    pos = 0
+    depth = 0
+    for m in _MARKUP.finditer(markup):
+        out.append(markup[pos:m.start()])
+        pos = m.end()
+        if m.group(1) is not None:
+            out.append(m.group(1))
+        elif m.group(2):
+            if depth:
+                depth -= 1
+            else:
+                out.append(m.group(0))
+        elif m.group(3) and all(w in _SGR for w in m.group(3).split()):
+            styles.append(m.group(3))
+            depth += 1
+        else:
+            out.append(m.group(0))
+    out.append(markup[pos:])
+    return "".join(out), styles
+
+
+def plain(markup: str) -> str:
+    """The text of a markup string, its tags gone and its escapes undone."""
+    return _spans(markup)[0]
+
+
+def first_style(markup: str) -> str:
+    """The style of the first span of a markup string ("" where none)."""
+    styles = _spans(markup)[1]
+    return styles[0] if styles else ""
+
+
+class _Out:
+    """The report's lines, with colour (SGR codes) or without."""
+
+    def __init__(self, color: bool):
+        self.color = color
+        self.lines: list[str] = []
+
+    def styled(self, text: str, style: str) -> str:
+        if not (self.color and style and text):
+            return text
+        words = style.split()
+        return f"\x1b[{';'.join(_SGR[w] for w in _ORDER if w in words)}m{text}\x1b[0m"
+
+    def print(self, *parts: str) -> None:
+        self.lines.append("".join(parts))
+
+    def text(self) -> str:
+        return "".join(line + "\n" for line in self.lines)
+
+
+def _wrap(con: _Out, width: int | None, head: str, text: str, style: str = "", indent: int | None = None) -> None:
     """Print `head` + `text` wrapped at `width` (None: one line): `head` (plain, e.g. "  - ") styled with `style`,
-    continuation lines indented by `indent` (default: under the text). Input-derived text is made visible and
-    markup-escaped here."""
+    continuation lines indented by `indent` (default: under the text). Input-derived text is made visible here."""
     rest = " " * (len(head) if indent is None else indent)
     if width is None:
         lines = [head + visible(text)]
@@ -40,18 +100,16 @@ def _wrap(con: Console, width: int | None, head: str, text: str, style: str = ""
                               break_long_words=False, break_on_hyphens=False) or [head.rstrip()]
     for i, line in enumerate(lines):
         if style and not head.strip():  # no head: the whole text carries the style ("No findings" in green)
-            con.print(f"[{style}]{escape(line)}[/]")
+            con.print(con.styled(line, style))
         elif i == 0 and style:
-            con.print(f"[{style}]{escape(head)}[/]{escape(line[len(head):])}")
+            con.print(con.styled(head, style), line[len(head):])
         else:
-            con.print(escape(line))
+            con.print(line)
 
 
 def render(result: CheckResult, color: bool = False, verbose: bool = False, width: int | None = None) -> str:
     """The report as text; width None: one line per entry (logs, grep), else wrapped at `width` columns."""
-    buf = io.StringIO()
-    # soft_wrap: lines are wrapped here (_wrap), by words; rich would cut long tokens mid-word
-    con = Console(file=buf, force_terminal=color, no_color=not color, width=width or 120, highlight=False, soft_wrap=True)
+    con = _Out(color)
     run = result.run
     root = run.path if run.path.is_dir() else run.path.parent
     ranks = run.ranks
@@ -75,7 +133,7 @@ def render(result: CheckResult, color: bool = False, verbose: bool = False, widt
         _wrap(con, width, "  skipped  ", f"{len(quiet_skips)} other file(s): not traceql inputs (-v lists them)", "dim")
     skipped = [r for r in result.results if r.status != "ran"]
     if skipped and verbose:
-        con.print("[dim]rules not run:[/]")
+        con.print(con.styled("rules not run:", "dim"))
         for r in skipped:
             _wrap(con, width, f"  {r.rule.id} ", f"{r.rule.name}: {r.reason}", "dim")
     errors = [r for r in result.results if r.status == "error"]
@@ -86,16 +144,16 @@ def render(result: CheckResult, color: bool = False, verbose: bool = False, widt
     not_run = len(skipped) - len(errors)
     if not result.findings:
         # one sentence (shared with the HTML report, as markup): wrapped as plain text, in its first style
-        sentence = Text.from_markup(_no_findings(ran, not_run, len(errors), bool(ranks)))
-        _wrap(con, width, "", sentence.plain, str(sentence.spans[0].style) if sentence.spans else "")
-        return buf.getvalue()
+        sentence = _no_findings(ran, not_run, len(errors), bool(ranks))
+        _wrap(con, width, "", plain(sentence), first_style(sentence))
+        return con.text()
     from traceql.report import start_here
 
     top = start_here.start_here(result, _t)
     for i, line in enumerate(top):
-        plain = Text.from_markup(line).plain
-        head = re.match(r"\s*(\d+\.\s)?", plain).group(0)
-        _wrap(con, width, head, plain[len(head):], "bold" if i == 0 else "", indent=len(head))
+        line = plain(line)
+        head = re.match(r"\s*(\d+\.\s)?", line).group(0)
+        _wrap(con, width, head, line[len(head):], "bold" if i == 0 else "", indent=len(head))
     if top:
         con.print()
     # consequences are printed under their cause, not again under their own rule
@@ -118,10 +176,10 @@ def render(result: CheckResult, color: bool = False, verbose: bool = False, widt
         + (f"; {len(errors)} rule(s) failed (listed above), so this report is incomplete" if errors else "")
         + ". `traceql rules explain ID` says why each matters and how to fix it."
     ))
-    return buf.getvalue()
+    return con.text()
 
 
-def _finding(con: Console, width: int | None, f, kids: dict, depth: int = 1, seen: set | None = None) -> None:
+def _finding(con: _Out, width: int | None, f, kids: dict, depth: int = 1, seen: set | None = None) -> None:
     """The finding's line, then the findings its cause explains indented under it (each printed once)."""
     from traceql.report.start_here import cost_text
 
