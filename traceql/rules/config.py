@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +62,8 @@ MAX_CONFIG_BYTES = 1 << 20  # a real configuration is a few hundred bytes
 def load_config(path: Path | None) -> Config:
     if path is None:
         return Config()
+    import tomllib  # only where there is a configuration file to read
+
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
             raise ConfigError(f"{path}: {path.stat().st_size} bytes is too large for a configuration file "
