@@ -172,7 +172,12 @@ def stale(d: Path) -> str | None:
         have = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         return f"{p}: cannot be read ({type(e).__name__})"
-    want = build(d)
+    from traceql.rules.yamlfile import RuleError
+
+    try:
+        want = build(d)
+    except RuleError as e:
+        return f"the pack does not validate ({e})"
     for k in ("format", "code", "views", "view_data"):
         if have.get(k) != want[k]:
             return f"{p}: {k!r} differs from the pack and code of now"
