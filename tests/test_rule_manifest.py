@@ -186,7 +186,7 @@ def test_rules_check_reports_a_broken_rule_in_one_line(pack):
 def test_a_vouched_load_parses_no_yaml():
     code = "import sys, traceql.rules.loader as L; L.load_rules(); print('yaml' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False", out.stderr
+    assert out.stdout.strip() == "False", f"YAML parsed: is rules/manifest.json stale? run `{manifest.REFRESH}`"
     assert out.stderr == ""
 
 
@@ -196,3 +196,10 @@ def test_yaml_uses_libyaml_where_present():
     from traceql.rules.yamlfile import _yaml
 
     assert _yaml()[1] is (yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader)
+
+
+def test_check_under_no_cache_still_uses_the_manifest(inferred):
+    """The manifest is part of the package, not of the cache folder: --no-cache validates nothing again."""
+    r = CliRunner().invoke(main, ["check", str(REPO / "samples" / "demo"), "-q", "--no-cache", "--fail-on", "never"])
+    assert r.exit_code == 0, r.output
+    assert inferred == [], f"re-inferred {inferred}: is rules/manifest.json stale? run `{manifest.REFRESH}`"

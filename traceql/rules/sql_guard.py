@@ -230,10 +230,9 @@ def _walk(sql: str, steps: list[tuple[str, str]]) -> frozenset[str]:
     if first not in (("word", "select"), ("word", "with")):
         raise SqlRefused(f"only SELECT (or WITH ... SELECT) statements run here, not {(first or ('', '?'))[1].upper()}")
     # defence in depth: _raw_read_call has refused these on the raw text already; this holds if that check changes
-    for i, tok in enumerate(toks[:-1]):
-        nm = _name(tok)
-        if nm and toks[i + 1] == ("punct", "(") and _READ_NAME.match(nm):
-            raise SqlRefused(f"{nm}(...) reads files; rule SQL and queries read only traceql's tables")
+    for tok, nxt in zip(toks, toks[1:]):
+        if nxt == ("punct", "(") and tok[0] in ("word", "qid") and _READ_NAME.match(tok[1]):
+            raise SqlRefused(f"{tok[1]}(...) reads files; rule SQL and queries read only traceql's tables")
     ctes = frozenset(_cte_names(toks))
     clause = ["select"]  # the current clause keyword at each parenthesis depth
     expect_table = False
