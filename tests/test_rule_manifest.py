@@ -203,3 +203,12 @@ def test_check_under_no_cache_still_uses_the_manifest(inferred):
     r = CliRunner().invoke(main, ["check", str(REPO / "samples" / "demo"), "-q", "--no-cache", "--fail-on", "never"])
     assert r.exit_code == 0, r.output
     assert inferred == [], f"re-inferred {inferred}: is rules/manifest.json stale? run `{manifest.REFRESH}`"
+
+
+def test_rules_test_update_refreshes_the_manifest(pack):
+    shutil.copytree(default_rules_dir() / "snapshots", pack / "snapshots")
+    edit(pack / "TQL202-gpu-idle-gap.yaml", "summary:", "summary: (edited)")
+    assert manifest.stale(pack) is not None
+    r = CliRunner().invoke(main, ["rules", "test", "TQL202", "--update", "--root", str(REPO)])
+    assert f"wrote {pack / manifest.FILE}" in r.output, r.output
+    assert manifest.stale(pack) is None
