@@ -6,6 +6,8 @@ evidence, location, collapse, ranks_column, step_column). The output columns are
 selection runs, through the engine, on a run whose every table is an empty frame of its declared schema (SQL through
 polars' SQLContext on those frames), and the columns of the result are what the rule can use. A typo therefore fails
 at load, naming the file, the field and the valid choices, instead of printing "unknown" or dropping evidence.
+The bundled pack's manifest (rules.manifest) records each file's outputs, so an unchanged file is not run again;
+its names are still checked against them (check_reads).
 """
 
 from __future__ import annotations
