@@ -306,3 +306,59 @@ def test_many_refused_entries_make_a_bounded_list_and_count_to_the_entry_budget(
         assert len(x.refused) == archive.MAX_REFUSALS_LISTED + 2  # the listed, the budget stop, the count of the rest
         assert any("more than 1,000 entries" in s.detail for s in x.refused)
         assert any("800 more entries refused" in s.detail for s in x.refused)
+
+
+def _tar_with_big_header(path: Path, kind: bytes, body_mb: int) -> Path:
+    """A .tar.gz holding the good trace, then a GNU long-name or PAX header whose body is body_mb MB of real bytes
+    (tarfile reads such a body whole before the entry is seen), then a small file."""
+    good = (FIXTURES / "cpu-straggler" / "rank0.pt.trace.json.gz").read_bytes()
+    with gzip.open(path, "wb", compresslevel=1) as gz:
+        ti = tarfile.TarInfo("run/rank0.pt.trace.json.gz")
+        ti.size = len(good)
+        gz.write(ti.tobuf(tarfile.GNU_FORMAT) + good + b"\0" * (-len(good) % 512))
+        big = tarfile.TarInfo("././@LongLink" if kind == tarfile.GNUTYPE_LONGNAME else "run/PaxHeader")
+        big.type = kind
+        big.size = body_mb * archive.MB
+        gz.write(big.tobuf(tarfile.GNU_FORMAT))
+        chunk = (b"a" * 1023 + b"=") * 1024 if kind == tarfile.GNUTYPE_LONGNAME else b"9" * archive.MB
+        for _ in range(body_mb):
+            gz.write(chunk)
+        last = tarfile.TarInfo("run/after.txt")
+        last.size = 1
+        gz.write(last.tobuf(tarfile.GNU_FORMAT) + b"x" + b"\0" * 511 + b"\0" * 1024)
+    return path
+
+
+@pytest.mark.parametrize("kind,what", [(tarfile.GNUTYPE_LONGNAME, "GNU long name"), (tarfile.XHDTYPE, "PAX")])
+def test_an_oversized_long_name_or_pax_header_stops_before_it_is_read(tmp_path, kind, what):
+    path = _tar_with_big_header(tmp_path / "run.tar.gz", kind, 64)
+    result = pipeline.check(path)
+    stopped = [s for s in result.run.sources if s.status == "error"]
+    assert len(stopped) == 1, [(s.path, s.detail) for s in result.run.sources]
+    assert f"{what} header of 64.0 MB" in stopped[0].detail and "\n" not in stopped[0].detail
+    assert any(s.status == "ok" and s.kind == "kineto" for s in result.run.sources)  # the entry before is kept
+
+
+def test_an_oversized_long_name_costs_no_memory(tmp_path):
+    # before the bound, tarfile joined the whole body in memory (a 305 KB upload with a 300 MB name took 1.2 GB)
+    path = _tar_with_big_header(tmp_path / "run.tar.gz", tarfile.GNUTYPE_LONGNAME, 128)
+    code = ("import resource, sys; from pathlib import Path; from traceql import archive\n"
+            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "with archive.expanded(Path(sys.argv[1])) as x: refused = [s.detail for s in x.refused]\n"
+            "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024, len(refused))")
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    grew_mb, refused = map(int, out.stdout.split())
+    assert refused == 1
+    assert grew_mb < 64, f"expanding grew the process by {grew_mb} MB for a 128 MB header it should not read"
+
+
+def test_a_gnu_sparse_entry_stops_the_expansion_with_its_reason(tmp_path):
+    entry = _info("run/sparse.bin")
+    entry.type = tarfile.GNUTYPE_SPARSE
+    path = _hostile_tar(tmp_path / "run.tar.gz", [entry])
+    result = pipeline.check(path)
+    stopped = [s for s in result.run.sources if s.status == "error"]
+    assert len(stopped) == 1 and "GNU sparse" in stopped[0].detail
+    assert any(s.status == "ok" and s.kind == "kineto" for s in result.run.sources)

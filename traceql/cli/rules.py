@@ -1,4 +1,4 @@
-"""`traceql rules list|explain|test`."""
+"""`traceql rules list|explain|check|new|test`."""
 
 from __future__ import annotations
 
@@ -28,6 +28,36 @@ def rules_list(rules_dirs):
         _fail(str(e))
     for r in rs:
         click.echo(f"{r.id}  {r.name:38} {r.severity:8} {r.summary}")
+
+
+@rules.command("check")
+@click.option("--rules", "rules_dirs", multiple=True, type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--write-manifest", is_flag=True,
+              help="Rewrite the bundled pack's validation manifest (rules/manifest.json) from this full validation.")
+def rules_check(rules_dirs, write_manifest):
+    """Validate every rule in full (tables, columns, message, evidence, location, collapse and the outputs inferred
+    on the declared schemas), whatever the bundled pack's manifest says, and say whether that manifest is current."""
+    from traceql.rules import manifest
+    from traceql.rules.loader import RuleError, default_rules_dir, load_rules
+
+    dirs = list(rules_dirs) or [default_rules_dir()]
+    if write_manifest and (len(dirs) != 1 or not manifest.bundled(dirs[0])):
+        _fail(f"--write-manifest writes the bundled pack's manifest only ({default_rules_dir()}); a pack given with "
+              "--rules is validated in full on every load")
+    try:
+        rs = load_rules(dirs, trust_manifest=False)
+        if write_manifest:
+            click.echo(f"wrote {manifest.write(dirs[0])}")
+    except RuleError as e:
+        _fail(str(e))
+    except OSError as e:
+        _fail(f"{dirs[0] / manifest.FILE}: cannot write: {e}")
+    click.echo(f"{len(rs)} rules valid")
+    bundled = [d for d in dirs if manifest.bundled(d)]
+    if bundled and not write_manifest:
+        why = manifest.stale(bundled[0])
+        click.echo(f"manifest: {why}; refresh it with `{manifest.REFRESH}` (until then the pack is validated in full "
+                   "on every command)" if why else f"manifest: {bundled[0] / manifest.FILE} is current")
 
 
 @rules.command("explain")
@@ -154,8 +184,9 @@ def rules_new(rule_id, name, rules_dir):
 def rules_test(rule_ids, rules_dirs, root, update):
     """Run each rule on its fixtures (those that must fire, those that must stay quiet) and compare the findings
     with the rule's snapshot; exit 1 on any failure or drift."""
-    from traceql.rules.loader import RuleError, default_rules_dir, load_rules, matches
     from traceql.rule_tests import test_rules
+    from traceql.rules import manifest
+    from traceql.rules.loader import RuleError, default_rules_dir, load_rules, matches
 
     try:
         rs = load_rules(list(rules_dirs) or None)
@@ -168,6 +199,11 @@ def rules_test(rule_ids, rules_dirs, root, update):
         rs = [r for r in rs if matches(r.id, list(rule_ids))]
     base = root or (Path(rules_dirs[0]) if rules_dirs else default_rules_dir()).resolve().parent
     outcomes = test_rules(rs, base, update=update)
+    if update and all(manifest.bundled(d) for d in (rules_dirs or [default_rules_dir()])):
+        try:  # the rule files may have changed with their snapshots: the manifest follows them
+            click.echo(f"wrote {manifest.write(default_rules_dir())}")
+        except (RuleError, OSError) as e:
+            click.echo(f"manifest not written: {e}")
     bad = 0
     for o in outcomes:
         bad += not o.ok

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from traceql.model import SEVERITIES
-from traceql.rules import schema, sql_guard
+from traceql.rules import manifest, schema, sql_guard
 from traceql.rules.compose import ACROSS_FIELDS, JOIN_HOW, STAGES, STEP_AGGS, STEPS_FIELDS
 from traceql.rules.views import View, ViewError, load_views
-from traceql.rules.yamlfile import MAX_RULE_BYTES, MAX_RULE_NODES, RuleError, load_yaml
+from traceql.rules.yamlfile import MAX_RULE_BYTES, MAX_RULE_NODES, RuleError, decode, load_yaml, parse_yaml, read_capped
 
 __all__ = ["MAX_RULE_BYTES", "MAX_RULE_NODES", "Rule", "RuleError", "load_rule", "load_rules", "load_yaml", "parse_rule"]
 
@@ -298,8 +298,10 @@ def parse_rule(data, path: Path, views: dict[str, View] | None = None, validate:
 _VIEWS: dict[tuple, dict[str, View]] = {}
 
 
-def views_of(dirs: list[Path]) -> dict[str, View]:
-    """The views under views/ of the rule folders, loaded once per set of folders and their files' mtimes."""
+def views_of(dirs: list[Path], infer: bool = True, data: dict[Path, dict] | None = None) -> dict[str, View]:
+    """The views under views/ of the rule folders, loaded once per set of folders and their files' mtimes. Where the
+    bundled pack's manifest vouches for them, infer=False leaves their schemas to first use and data holds the YAML
+    files' data (views.load_views)."""
     key = []
     for d in dirs:
         folder = Path(d) / "views"
@@ -309,11 +311,14 @@ def views_of(dirs: list[Path]) -> dict[str, View]:
         except OSError as e:
             raise RuleError(f"{folder}: cannot read the views folder: {e}") from None
     key = tuple(key)
-    if key not in _VIEWS:
-        try:
-            _VIEWS[key] = load_views(list(dirs))
-        except ViewError as e:
-            raise RuleError(str(e)) from None
+    try:
+        if key not in _VIEWS:
+            _VIEWS[key] = load_views(list(dirs), infer=infer, data=data)
+        elif infer:  # loaded before without inference: a full validation checks every view now
+            for v in _VIEWS[key].values():
+                v.schema  # noqa: B018 (inferred and checked on first use)
+    except ViewError as e:
+        raise RuleError(str(e)) from None
     return _VIEWS[key]
 
 
@@ -333,13 +338,33 @@ def default_rules_dir() -> Path:
     return Path(sys.prefix) / "share" / "traceql" / "rules"
 
 
-def load_rules(dirs: list[Path] | None = None) -> list[Rule]:
+def _load_vouched(path: Path, entry: dict | None, views: dict[str, View]) -> Rule:
+    """One rule file; where the manifest's entry is for exactly these bytes, its data and outputs spare the YAML parse
+    and the run on empty frames (rules.manifest says what is still checked), else validated in full."""
+    raw = read_capped(path)
+    if entry is not None and entry.get("sha256") == manifest.sha256(raw) and (outs := manifest.recorded(entry)):
+        data = entry["data"] if isinstance(entry.get("data"), dict) else parse_yaml(decode(raw, path), path)
+        rule = parse_rule(data, path, views, validate=False)
+        schema.check_needs(rule)
+        try:
+            schema.check_reads(rule, *outs, step_column_given="step_column" in data)
+        except RuleError:  # recorded outputs the rule's names do not fit are not believed: infer them
+            schema.validate(rule, step_column_given="step_column" in data)
+        return rule
+    return parse_rule(parse_yaml(decode(raw, path), path), path, views)
+
+
+def load_rules(dirs: list[Path] | None = None, trust_manifest: bool = True) -> list[Rule]:
+    """Every rule of the folders, validated; a bundled-pack file its manifest vouches for (rules.manifest) is not
+    re-inferred unless trust_manifest is False (`traceql rules check`)."""
     dirs = [Path(d) for d in (dirs or [default_rules_dir()])]
-    views = views_of(dirs)
+    entries, view_data = manifest.trusted(dirs) if trust_manifest else ({}, {})
+    views = views_of(dirs, infer=not entries, data=view_data)
     rules: dict[str, Rule] = {}
     for d in dirs:
+        vouched = entries if entries and manifest.bundled(d) else {}
         for p in sorted(d.glob("*.y*ml")):
-            r = load_rule(p, views)
+            r = _load_vouched(p, vouched.get(p.name), views)
             if r.id in rules:
                 raise RuleError(f"{p}: field 'id': {r.id} is already used by {rules[r.id].path}")
             rules[r.id] = r

@@ -6,6 +6,8 @@ evidence, location, collapse, ranks_column, step_column). The output columns are
 selection runs, through the engine, on a run whose every table is an empty frame of its declared schema (SQL through
 polars' SQLContext on those frames), and the columns of the result are what the rule can use. A typo therefore fails
 at load, naming the file, the field and the valid choices, instead of printing "unknown" or dropping evidence.
+The bundled pack's manifest (rules.manifest) records each file's outputs, so an unchanged file is not run again;
+its names are still checked against them (check_reads).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from traceql.model import Run
 from traceql.model.derived import DERIVED, SCHEMAS, empty
 from traceql.rules import compose, engine, sql_guard
 from traceql.rules.condition import ConditionError, compile_condition
-from traceql.rules.views import _first
+from traceql.rules.views import ViewError, _first
 from traceql.rules.yamlfile import RuleError
 
 if TYPE_CHECKING:
@@ -47,8 +49,15 @@ def table_schema(name: str, views: dict) -> dict[str, pl.DataType] | None:
 
         return schema(name)
     if name in views:
-        return views[name].schema
+        return _view_schema(views[name])
     return None
+
+
+def _view_schema(v) -> dict[str, pl.DataType]:
+    try:  # inferred on first use where the manifest vouched for the views: a view error is still a rule pack error
+        return v.schema
+    except ViewError as e:
+        raise RuleError(str(e)) from None
 
 
 def _known_tables(views: dict) -> set[str]:
@@ -56,6 +65,7 @@ def _known_tables(views: dict) -> set[str]:
 
 
 _EMPTY: dict[str, pl.DataFrame] = {}
+_EMPTY_VIEWS: dict[int, tuple[dict, dict[str, pl.DataFrame]]] = {}
 
 
 def schema_run(views: dict) -> Run:
@@ -63,8 +73,12 @@ def schema_run(views: dict) -> Run:
     if not _EMPTY:  # frames are immutable: one set serves every rule
         _EMPTY.update({n: empty(n) for n in [*SCHEMAS, *DERIVED]})
     tables = dict(_EMPTY)
-    for n, v in views.items():
-        tables[n] = pl.DataFrame(schema=v.schema)
+    held = _EMPTY_VIEWS.get(id(views))
+    if held is None or held[0] is not views:  # one set per views dict (the loader shares one across the pack)
+        held = (views, {n: pl.DataFrame(schema=_view_schema(v)) for n, v in views.items()})
+        _EMPTY_VIEWS.clear()
+        _EMPTY_VIEWS[id(views)] = held
+    tables.update(held[1])
     return Run(path=Path("<declared schemas>"), tables=tables)
 
 
@@ -154,15 +168,30 @@ def message_fields(template: str) -> list[str]:
     return out
 
 
-def validate(rule: Rule, step_column_given: bool = True) -> list[str]:
-    """Raise RuleError at the first name the rule reads that its output cannot give; the output columns else."""
+def check_needs(rule: Rule) -> None:
     known = _known_tables(rule.views or {})
     for need in rule.needs:
         for t in need if isinstance(need, list) else [need]:
             if t not in known:
                 raise _err(rule, "needs", f"unknown table {t!r}; {_choices(str(t), known)}")
+
+
+def outputs(rule: Rule) -> tuple[list[str], list[str] | None]:
+    """What the rule's later fields can read, inferred by running it on empty frames (output): the columns of its
+    selection's output (the condition reads them) and, after collapse, those of a finding's row (message, evidence,
+    location, ranks_column, step_column read these); None where a collapse column is missing (check_reads says so).
+    These are what the bundled pack's manifest records per rule file."""
     out = output(rule)
     cols = list(out.columns)
+    if not rule.collapse:
+        return cols, cols
+    if not all(c in out.schema for c in rule.collapse):
+        return cols, None
+    return cols, list(engine._collapse(out, rule.collapse, rule).columns)
+
+
+def check_reads(rule: Rule, cols: list[str], collapsed: list[str] | None, step_column_given: bool = True) -> None:
+    """Raise RuleError at the first name the rule reads that its output columns (outputs) cannot give."""
     params = rule.defaults()
     if rule.condition:
         try:
@@ -170,11 +199,9 @@ def validate(rule: Rule, step_column_given: bool = True) -> list[str]:
         except ConditionError as e:
             raise _err(rule, "condition", str(e)) from None
     if rule.collapse:
-        _check_cols(rule, "collapse", rule.collapse, out.schema, "the selection's output")
-        out = engine._collapse(out, rule.collapse, rule)
-        cols = list(out.columns)
-    have = set(cols)
-    for i, name in enumerate(message_fields(rule.message)):
+        _check_cols(rule, "collapse", rule.collapse, cols, "the selection's output")
+    have = set(cols if collapsed is None else collapsed)
+    for name in message_fields(rule.message):
         if name == "":
             raise _err(rule, "message", "positional {} fields are not allowed; name a column or a param, e.g. {rank}")
         if "." in name or "[" in name:
@@ -192,4 +219,11 @@ def validate(rule: Rule, step_column_given: bool = True) -> list[str]:
     if step_column_given and rule.step_column not in have:
         raise _err(rule, "step_column", f"{rule.step_column!r} is not a column of the selection's output; "
                                         f"{_choices(rule.step_column, have)}")
-    return cols
+
+
+def validate(rule: Rule, step_column_given: bool = True) -> list[str]:
+    """Raise RuleError at the first name the rule reads that its output cannot give; the output columns else."""
+    check_needs(rule)
+    cols, collapsed = outputs(rule)
+    check_reads(rule, cols, collapsed, step_column_given)
+    return cols if collapsed is None else collapsed

@@ -44,16 +44,47 @@ _TABLE_FUNCTIONS_OK = {"unnest"}
 
 def tokens(sql: str) -> list[tuple[str, str]]:
     """(kind, text) pairs: kind is word (lower-cased), qid (the unquoted name, case kept), str, num or punct."""
-    return list(_tokens(sql))
+    return _tokenize(sql)
 
 
-@functools.lru_cache(maxsize=512)
-def _tokens(sql: str) -> tuple[tuple[str, str], ...]:
-    # a rule's statement is checked at load, when its tables are named and again when it runs: tokenized once
-    return tuple(_tokenize(sql))
+# _TOKEN's tokens in one findall: whitespace and -- comments skipped in front of each token, \Z ending the text.
+# Block comments, E'' strings and $$ strings need the token-by-token loop (_tokenize_loop); where one starts, the
+# text is read by that loop instead, so both give the same tokens (tests/test_sql_sandbox.py compares them).
+_FAST = re.compile(
+    r"""(?:\s|--[^\n]*)*
+      (?: (?P<special>/\*|[Ee]'|\$[A-Za-z_]*\$)
+        | (?P<str>[XxBbNn]?'(?:[^']|'')*')
+        | (?P<qid>"(?:[^"]|"")*"|`(?:[^`]|``)*`)
+        | (?P<word>[A-Za-z_][A-Za-z0-9_$]*)
+        | (?P<num>\d[\d.]*(?:[eE][+-]?\d+)?)
+        | (?P<punct>.)
+        | \Z)""",
+    re.VERBOSE | re.DOTALL,
+)
 
 
 def _tokenize(sql: str) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for special, st, qid, word, num, punct in _FAST.findall(sql):
+        if word:
+            out.append(("word", word.lower()))
+        elif punct:
+            if punct in "'\"`":
+                raise SqlRefused(f"unterminated quote {punct}")
+            out.append(("punct", punct))
+        elif qid:
+            q = qid[0]
+            out.append(("qid", qid[1:-1].replace(q * 2, q)))
+        elif st:
+            out.append(("str", st))
+        elif num:
+            out.append(("num", num))
+        elif special:
+            return _tokenize_loop(sql)
+    return out
+
+
+def _tokenize_loop(sql: str) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     i, n = 0, len(sql)
     while i < n:
@@ -149,13 +180,46 @@ def read_tables(sql: str) -> set[str]:
     return found
 
 
+_READ_NAME = re.compile(r"(?i)(read|scan)_")
+
+
 def check(sql: str, tables: set[str] | list[str] | None = None, found: set[str] | None = None) -> None:
     """Raise SqlRefused unless `sql` is one SELECT over `tables` (names, any case) and its own CTEs. With tables=None
     the names are not checked (at rule load, before a run exists); table functions are refused all the same.
-    found, where given, receives the table names read (CTEs left out)."""
+    found, where given, receives the table names read (CTEs left out).
+
+    The statement is read once per process (_plan, memoised by its text); every call then checks the names it reads
+    against `tables`, in statement order, so the first problem is the one reported, as if it were read again."""
+    steps, ctes = _plan(sql)
+    allowed = None if tables is None else {t.lower() for t in tables} | ctes
+    for kind, arg in steps:
+        if kind == "refuse":
+            raise SqlRefused(arg)
+        low = arg.lower()
+        if allowed is not None and low not in allowed:
+            raise SqlRefused(f"unknown table {arg!r}; valid tables: {', '.join(sorted(tables))}")
+        if found is not None and low not in ctes:
+            found.add(low)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(sql: str) -> tuple[tuple[tuple[str, str], ...], frozenset[str]]:
+    """What check needs of a statement, whatever the tables: in order, the names in table positions ("table", name)
+    up to the first refusal ("refuse", message), and the statement's CTE names. Pure in the text, hence memoised: a
+    rule's SQL is checked at load, by the executor, and again each time the engine runs it."""
+    steps: list[tuple[str, str]] = []
+    try:
+        ctes = _walk(sql, steps)
+    except SqlRefused as e:
+        steps.append(("refuse", str(e)))
+        ctes = frozenset()
+    return tuple(steps), ctes
+
+
+def _walk(sql: str, steps: list[tuple[str, str]]) -> frozenset[str]:
     if (fn := _raw_read_call(sql)) is not None:
         raise SqlRefused(f"{fn}(...) reads files; rule SQL and queries read only traceql's tables")
-    toks = tokens(sql)
+    toks = _tokenize(sql)
     while toks and toks[-1] == ("punct", ";"):
         toks.pop()
     if not toks:
@@ -166,12 +230,10 @@ def check(sql: str, tables: set[str] | list[str] | None = None, found: set[str] 
     if first not in (("word", "select"), ("word", "with")):
         raise SqlRefused(f"only SELECT (or WITH ... SELECT) statements run here, not {(first or ('', '?'))[1].upper()}")
     # defence in depth: _raw_read_call has refused these on the raw text already; this holds if that check changes
-    for i, tok in enumerate(toks[:-1]):
-        nm = _name(tok)
-        if nm and toks[i + 1] == ("punct", "(") and re.match(r"(?i)(read|scan)_", nm):
-            raise SqlRefused(f"{nm}(...) reads files; rule SQL and queries read only traceql's tables")
-    ctes = _cte_names(toks)
-    allowed = None if tables is None else {t.lower() for t in tables} | ctes
+    for tok, nxt in zip(toks, toks[1:]):
+        if nxt == ("punct", "(") and tok[0] in ("word", "qid") and _READ_NAME.match(tok[1]):
+            raise SqlRefused(f"{tok[1]}(...) reads files; rule SQL and queries read only traceql's tables")
+    ctes = frozenset(_cte_names(toks))
     clause = ["select"]  # the current clause keyword at each parenthesis depth
     expect_table = False
     for i, tok in enumerate(toks):
@@ -194,10 +256,7 @@ def check(sql: str, tables: set[str] | list[str] | None = None, found: set[str] 
                                  "tables")
             if nxt == ("punct", "."):
                 raise SqlRefused(f"qualified table name {nm}.… is not allowed; name one of traceql's tables")
-            if allowed is not None and nm.lower() not in allowed:
-                raise SqlRefused(f"unknown table {nm!r}; valid tables: {', '.join(sorted(tables))}")
-            if found is not None and nm.lower() not in ctes:
-                found.add(nm.lower())
+            steps.append(("table", nm))
             continue
         if tok == ("punct", "("):
             clause.append("expr")
@@ -213,3 +272,4 @@ def check(sql: str, tables: set[str] | list[str] | None = None, found: set[str] 
             expect_table = True
     if expect_table:
         raise SqlRefused("FROM/JOIN without a table")
+    return ctes

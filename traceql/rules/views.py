@@ -35,8 +35,17 @@ class View:
     doc: str
     path: Path
     columns: dict[str, str] = field(default_factory=dict)  # name -> doc, where the file documents them
-    schema: dict[str, pl.DataType] = field(default_factory=dict)  # filled at load, from a run on empty frames
     reads: list[str] = field(default_factory=list)  # tables and views the query names
+    # the result schema, from a run on empty frames: at load, or on first use where the bundled pack's manifest
+    # vouches for the views (only rule validation reads it, and a pack that matches its manifest validates none)
+    _schema: dict[str, pl.DataType] | None = field(default=None, repr=False, compare=False)
+    _pack: dict | None = field(default=None, repr=False, compare=False)  # the views it was loaded with
+
+    @property
+    def schema(self) -> dict[str, pl.DataType]:
+        if self._schema is None:
+            _schema(self, self._pack if self._pack is not None else {self.name: self}, [])
+        return self._schema
 
 
 def _sql_doc(text: str) -> str:
@@ -49,7 +58,9 @@ def _sql_doc(text: str) -> str:
     return " ".join(x for x in lines if x)
 
 
-def _read(path: Path) -> View:
+def _read(path: Path, data=None) -> View:
+    """One view file; data, where given, is the YAML file's data as the bundled pack's manifest recorded it for these
+    very bytes (rules.manifest), sparing the parse."""
     name = path.stem
     if not NAME_RE.match(name):
         raise ViewError(f"{path}: field 'name': view name {name!r} must be lower_snake_case (it is used as a table name)")
@@ -64,7 +75,7 @@ def _read(path: Path) -> View:
             raise ViewError(f"{path}: cannot read view: {e}") from None
         return View(name, text, _sql_doc(text), path)
     try:
-        data = load_yaml(path, "view file")
+        data = load_yaml(path, "view file") if data is None else data
     except RuleError as e:
         raise ViewError(str(e)) from None
     if not isinstance(data, dict):
@@ -82,9 +93,10 @@ def _read(path: Path) -> View:
     return View(name, data["sql"], " ".join(data["doc"].split()), path, {str(k): str(v) for k, v in cols.items()})
 
 
-def load_views(dirs: list[Path]) -> dict[str, View]:
+def load_views(dirs: list[Path], infer: bool = True, data: dict[Path, dict] | None = None) -> dict[str, View]:
     """Every view under `views/` of the rule folders, checked and with its schema. Later folders cannot redefine a
-    view or shadow a table."""
+    view or shadow a table. Where the bundled pack's manifest vouches for the views, infer=False leaves each schema
+    to its first use and data gives the YAML files' data by path."""
     from traceql.model.derived import DERIVED, SCHEMAS
 
     views: dict[str, View] = {}
@@ -95,7 +107,7 @@ def load_views(dirs: list[Path]) -> dict[str, View]:
         for p in sorted(folder.iterdir()):
             if p.suffix not in (".sql", ".yaml", ".yml"):
                 continue
-            v = _read(p)
+            v = _read(p, (data or {}).get(p))
             if v.name in SCHEMAS or v.name in DERIVED:
                 raise ViewError(f"{p}: field 'name': {v.name!r} is already a table; name the view otherwise")
             if v.name in views:
@@ -108,8 +120,10 @@ def load_views(dirs: list[Path]) -> dict[str, View]:
         except sql_guard.SqlRefused as e:
             raise ViewError(f"{v.path}: field 'sql': {e}") from None
         v.reads = named(v.sql, sorted(known - {v.name}))
-    for v in views.values():
-        _schema(v, views, [])
+        v._pack = views
+    if infer:
+        for v in views.values():
+            _schema(v, views, [])
     return views
 
 
@@ -123,8 +137,8 @@ def _schema(v: View, views: dict[str, View], stack: list[str]) -> dict[str, pl.D
     """The view's result schema: its query run on empty frames of what it reads (views first, in order)."""
     from traceql.model.derived import empty
 
-    if v.schema:
-        return v.schema
+    if v._schema is not None:
+        return v._schema
     if v.name in stack:
         raise ViewError(f"{v.path}: field 'sql': views read each other in a cycle: {' -> '.join([*stack, v.name])}")
     frames = {}
@@ -134,12 +148,13 @@ def _schema(v: View, views: dict[str, View], stack: list[str]) -> dict[str, pl.D
         out = pl.SQLContext(frames=frames, eager=True).execute(v.sql, eager=True)
     except (pl.exceptions.PolarsError, ValueError, TypeError) as e:
         raise ViewError(f"{v.path}: field 'sql': {_first(e)}") from None
-    v.schema = dict(out.schema)
-    extra = set(v.columns) - set(v.schema)
+    got = dict(out.schema)
+    extra = set(v.columns) - set(got)
     if extra:
         raise ViewError(f"{v.path}: field 'columns': {sorted(extra)[0]!r} is documented but the query gives no such "
-                        f"column; its columns: {', '.join(v.schema)}")
-    return v.schema
+                        f"column; its columns: {', '.join(got)}")
+    v._schema = got
+    return got
 
 
 def _first(e: Exception) -> str:
@@ -154,6 +169,7 @@ def frame(run, name: str, views: dict[str, View]) -> pl.DataFrame:
     if name in run.tables:
         return run.tables[name]
     v = views[name]
+    sql_guard.check(v.sql, v.reads)  # checked at load; again here, where it runs (memoised by its text)
     frames = {n: frame(run, n, views) if n in views else link.ensure(run, n) for n in v.reads}
     out = pl.SQLContext(frames=frames, eager=True).execute(v.sql, eager=True)
     run.tables[name] = out

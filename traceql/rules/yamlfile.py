@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-
-import yaml
-
-_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # A rule file is a page of text: the largest in the pack is about 5 KB. The cap keeps a hostile --rules folder from
 # making the parser read gigabytes; aliases are refused below (a 600-byte "billion laughs" file expands to 10^9 nodes
 # when its values are turned into strings).
@@ -18,10 +15,20 @@ class RuleError(ValueError):
     """A rule file is invalid. The message names the file and the field."""
 
 
+@functools.cache
+def _yaml():
+    """PyYAML and its safe loader, imported when a file must be parsed (a command whose rule pack matches its
+    manifest parses none): libyaml's CSafeLoader where PyYAML was built with it, else the pure-Python SafeLoader."""
+    import yaml
+
+    return yaml, getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _check_tree(path: Path, root) -> None:
     """Refuse YAML aliases (*name, <<: *name): rules never need them, and a node reached twice is how a tiny file
     becomes an exponential value. The composed node graph shares one node object per alias, so a node seen twice is
     an alias; the walk stops at the first one, so it costs at most MAX_RULE_NODES steps."""
+    yaml = _yaml()[0]
     seen: set[int] = set()
     stack = [root]
     while stack:
@@ -40,17 +47,36 @@ def _check_tree(path: Path, root) -> None:
             stack.extend(node.value)
 
 
-def load_yaml(path: Path, what: str = "rule file", max_bytes: int = MAX_RULE_BYTES):
-    """Plain data from a small untrusted YAML file: size-capped, safe-loaded, aliases refused before construction."""
+def read_capped(path: Path, what: str = "rule file", max_bytes: int = MAX_RULE_BYTES) -> bytes:
+    """The bytes of a small untrusted file, refused (one line) beyond max_bytes or where it cannot be read."""
     try:
         size = path.stat().st_size
         if size > max_bytes:
             raise RuleError(f"{path}: {size} bytes is too large for a {what} (limit {max_bytes >> 10} KB); "
                             "check that this is the file you meant")
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        return path.read_bytes()
+    except OSError as e:
         raise RuleError(f"{path}: cannot read {what}: {e}") from None
-    loader = _SAFE_LOADER(text)
+
+
+def decode(raw: bytes, path: Path, what: str = "rule file") -> str:
+    """The text of a file's bytes as Path.read_text gives it: UTF-8, universal newlines."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RuleError(f"{path}: cannot read {what}: {e}") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
+
+def load_yaml(path: Path, what: str = "rule file", max_bytes: int = MAX_RULE_BYTES):
+    """Plain data from a small untrusted YAML file: size-capped, safe-loaded, aliases refused before construction."""
+    return parse_yaml(decode(read_capped(path, what, max_bytes), path, what), path)
+
+
+def parse_yaml(text: str, path: Path):
+    """load_yaml of text already read (and size-checked) from path."""
+    yaml, safe_loader = _yaml()
+    loader = safe_loader(text)
     try:
         node = loader.get_single_node()  # composes nodes only: an alias is one shared node, nothing expanded yet
         if node is None:
