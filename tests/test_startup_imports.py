@@ -120,3 +120,23 @@ def test_model_names_resolve_lazily_and_all_of_them_exist():
     assert model.SCHEMAS is SCHEMAS
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         model.Nope  # noqa: B018
+
+
+def test_the_recognised_only_kinds_are_those_whose_module_says_so():
+    """ingest.loader tries the cache before importing a reader; the kinds it passes over must be exactly those no
+    reader reads."""
+    import importlib
+
+    from traceql.ingest import _MODULES
+    from traceql.ingest.loader import RECOGNISED_ONLY
+
+    assert RECOGNISED_ONLY == {k for k, m in _MODULES.items() if not getattr(importlib.import_module(m), "SUPPORTED", False)}
+
+
+def test_a_warm_check_imports_no_reader(tmp_path):
+    """A re-check served by the Parquet cache does not import the Kineto reader (pyarrow, msgspec, the scanner)."""
+    first = _modules(tmp_path, "check", "samples/demo", "-q", "--fail-on", "never")
+    assert "traceql.ingest.kineto" in first  # the first check read the traces
+    again = _modules(tmp_path, "check", "samples/demo", "-q", "--fail-on", "never")
+    assert "traceql.pipeline" in again
+    assert _loaded(again, ("traceql.ingest.kineto", "pyarrow", "msgspec")) == []
