@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from traceql.link import POLARS_ENGINE
 from traceql.model import Run
 
 # cause -> whether it acts across ranks (a late rank makes the others wait: it explains findings on any rank of its
@@ -181,7 +182,7 @@ def replay(run: Run, saves: pl.DataFrame | pl.LazyFrame, label: str = "", base: 
     g = pl.DataFrame({"rank": list(groups), "group": list(groups.values())}, schema={"rank": pl.Int32, "group": pl.Int32})
     b = base.join(g, on="rank", how="left").with_columns(pl.coalesce("group", "rank").alias("group"))
     saves = saves.lazy().select([pl.col(c).cast(t) for c, t in _SAVE.items()]).group_by("rank", "step").agg(pl.col("save_ms").sum())
-    b = b.join(saves.collect(), on=["rank", "step"], how="left")
+    b = b.join(saves.collect(engine=POLARS_ENGINE), on=["rank", "step"], how="left")
     b = b.with_columns((pl.col("step_ms") - pl.col("save_ms").fill_null(0.0)).clip(lower_bound=0.0).alias("_pred"))
     per_step = b.group_by("group", "step").agg(pl.col("step_ms").max().alias("_gm"), pl.col("_pred").max().alias("_gp"))
     per_rank = b.join(per_step, on=["group", "step"]).group_by("rank", "group").agg(
@@ -270,7 +271,7 @@ def finding_saves(run: Run, finding, spec: dict, base: pl.DataFrame, memo: dict 
     if cause == "gpu_idle" and not spec.get("ms"):
         return gpu_idle_saves(base, ranks)
     if cause == "launch_gaps" and not spec.get("ms"):
-        return launch_saves(run, base.collect(), ranks)
+        return launch_saves(run, base.collect(engine=POLARS_ENGINE), ranks)
     ms = _number(finding.evidence.get(spec["ms"]))
     if ms is None:
         return None
@@ -278,7 +279,7 @@ def finding_saves(run: Run, finding, spec: dict, base: pl.DataFrame, memo: dict 
         ms *= 1000.0
     if spec.get("total"):
         b = base if ranks is None else base.filter(pl.col("rank").is_in(ranks))
-        n_steps = b.lazy().group_by("rank").agg(pl.col("step").n_unique()).select(pl.col("step").max()).collect().item()
+        n_steps = b.lazy().group_by("rank").agg(pl.col("step").n_unique()).select(pl.col("step").max()).collect(engine=POLARS_ENGINE).item()
         if not n_steps:
             return None
         ms /= n_steps
@@ -331,7 +332,7 @@ def replay_costs(base: pl.DataFrame, groups: dict[int, int], items: list[tuple[p
                       on=["_k", "group"], how="semi"),
         per_step.filter(pl.col("_k").is_in(every)),
     ])
-    res = chosen.group_by("_k").agg(pl.col("_gm").median(), pl.col("_gp").median()).collect()
+    res = chosen.group_by("_k").agg(pl.col("_gm").median(), pl.col("_gp").median()).collect(engine=POLARS_ENGINE)
     got = {k: (gm, gp) for k, gm, gp in res.iter_rows()}
     out = []
     for k in range(len(items)):

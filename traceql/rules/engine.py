@@ -288,9 +288,10 @@ def execute_sql_all(ctxs: list[pl.SQLContext], query: str) -> list[pl.DataFrame]
     parts = split_ctes(query)
     if parts is not None:
         for name, body in parts[0]:
-            for ctx, df in zip(ctxs, pl.collect_all([c.execute(body, eager=False) for c in ctxs])):
+            for ctx, df in zip(ctxs, pl.collect_all([c.execute(body, eager=False) for c in ctxs], engine=link.POLARS_ENGINE)):
                 ctx.register(name, df)
-    return pl.collect_all([c.execute(query if parts is None else parts[1], eager=False) for c in ctxs])
+    return pl.collect_all([c.execute(query if parts is None else parts[1], eager=False) for c in ctxs],
+                          engine=link.POLARS_ENGINE)
 
 
 # ranks of a per-rank rule run together (execute_sql_all): enough to fill the threads, few enough that their CTEs'
