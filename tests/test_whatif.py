@@ -192,3 +192,35 @@ def test_a_cause_without_ranks_or_steps_costs_nothing_rather_than_failing():
     assert f.cost_ms_per_step == 0.0
     cpu = _run("cpu-ddp-eager")  # gloo on CPU: steps, no GPU; the GPU-idle cause has nothing to close
     assert whatif.replay(cpu, whatif.gpu_idle_saves(whatif.base_steps(cpu), None)).cost_ms_per_step == 0.0
+
+
+@pytest.mark.parametrize("name", ["samples/demo", "h200x2-straggler", "cpu8-straggler", "compile-recompile-storm",
+                                  "h200-launch-bound"])
+def test_costs_in_one_plan_are_each_findings_own_replay(name):
+    """apply_costs replays every finding in one plan (replay_costs); each cost must be the one its own replay gives."""
+    from traceql.rules.causes import cost_specs
+    from traceql.rules.loader import load_rules
+
+    res = pipeline.check(FIX / name if not name.startswith("samples") else ROOT / name, use_cache=False)
+    specs, keys = cost_specs(load_rules(None))
+    todo = [f for f in res.findings if specs.get(f.rule)]
+    assert todo
+    base, groups, peers = whatif.base_steps(res.run), whatif.sync_groups(res.run), whatif._peers(todo, keys)
+    for f in todo:
+        r = whatif.finding_replay(res.run, f, specs[f.rule], base, groups, peers[id(f)])
+        own = None if r is None or r.cost_ms_per_step is None else round(r.cost_ms_per_step, 3)
+        assert f.cost_ms_per_step == own, f"{f.rule} {f.ranks}"
+        assert f.cost_pct == (None if own is None or r.cost_pct is None else round(r.cost_pct, 1))
+
+
+def test_replay_costs_keeps_items_apart():
+    """One plan for several items: an item on every rank, one on a rank of no step, one with no saves, in any order."""
+    run = _run("h200x2-straggler")
+    base, groups = whatif.base_steps(run), whatif.sync_groups(run)
+    items = [(whatif.fixed_saves(base, None, 1.5), None), (whatif.fixed_saves(base, [0], 2.0), [999]),
+             (whatif._empty_save(), [0]), (whatif.fixed_saves(base, [0, 1], 2.0), [0, 1])]
+    got = whatif.replay_costs(base, groups, items)
+    for (saves, only), (cost, pct) in zip(items, got):
+        r = whatif.replay(run, saves, base=base, groups=groups, only_ranks=only)
+        assert (cost, pct) == (r.cost_ms_per_step, r.cost_pct)
+    assert got[1] == (None, None) and got[2][0] == 0.0 and got[0][0] > 0

@@ -62,11 +62,13 @@ def union_ns(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
     One stable sort by group and start; each interval adds what reaches past the furthest end before it (the
     running maximum of the group's earlier ends). Rows of a group are contiguous once sorted, so they are numbered
     by run and the running maximum is a window over one integer key."""
-    df = df.select(*per, "ts", "end").sort([*per, "ts"], maintain_order=True)
+    # one lazy query, on the in-memory engine (polars' default picks streaming, far dearer on tables this size)
+    df = df.lazy().select(*per, "ts", "end").sort([*per, "ts"], maintain_order=True)
     df = df.with_columns(pl.struct(per).rle_id().alias("_g"))
     df = df.with_columns(pl.col("end").cum_max().shift(1).over("_g").alias("_pm"))
     adds = (pl.col("end") - pl.max_horizontal("ts", "_pm")).clip(lower_bound=0)
-    return df.group_by("_g").agg(*[pl.col(k).first() for k in per], adds.sum().alias("_u"), pl.len().alias("_n")).drop("_g")
+    return df.group_by("_g").agg(*[pl.col(k).first() for k in per], adds.sum().alias("_u"), pl.len().alias("_n")).drop("_g") \
+        .collect(engine="in-memory")
 
 
 def union(sel: pl.DataFrame, per: list[str]) -> pl.DataFrame:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from traceql.link import POLARS_ENGINE
 from traceql.model import Run
 from traceql import intervals as measures
 
@@ -81,11 +82,12 @@ GAP_SCHEMA = {"rank": pl.Int32, "source": pl.Int32, "device": pl.Int32, "step": 
 
 def _raw_gaps(run: Run) -> pl.DataFrame:
     """Gaps between busy stretches of each (rank, source, device), charged to the step of the operation after them."""
-    k = run.table("kernels").select("rank", "source", "device", "step", "ts", "end", "name").filter(
-        pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("rank").is_not_null())
+    k = run.table("kernels").lazy().select("rank", "source", "device", "step", "ts", "end", "name").filter(
+        pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("rank").is_not_null()).collect(engine=POLARS_ENGINE)
     if k.height == 0:
         return pl.DataFrame(schema={c: t for c, t in GAP_SCHEMA.items() if c not in ("host_op", "input_wait_ms")})
-    k = k.with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), pl.col("device").fill_null(-1).cast(pl.Int32))
+    # the rest as one lazy query on the in-memory engine (it was a dozen eager ones)
+    k = k.lazy().with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), pl.col("device").fill_null(-1).cast(pl.Int32))
     key = ["rank", "source", "device"]
     k = k.sort([*key, "ts"], maintain_order=True).with_columns(pl.struct(key).rle_id().alias("_g"))
     k = k.with_columns(pl.col("end").cum_max().over("_g").alias("_cm"))
@@ -98,7 +100,7 @@ def _raw_gaps(run: Run) -> pl.DataFrame:
     g = k.filter(pl.col("step").is_not_null() & (pl.col("ts") > pl.col("_busy_until")))
     # A lead gap starts no earlier than the previous step's host range (for the first step: its own): idle time before
     # profiling or between start-up and the loop is nobody's step.
-    st = run.table("steps").select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "step", "ts")
+    st = run.table("steps").lazy().select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "step", "ts")
     st = st.group_by("rank", "source", "step").agg(pl.col("ts").min().alias("_host_ts")).sort("rank", "source", "step")
     st = st.with_columns(pl.col("_host_ts").shift(1).over("rank", "source").fill_null(pl.col("_host_ts")).alias("_floor"))
     g = g.join(st.select("rank", "source", "step", "_floor"), on=["rank", "source", "step"], how="left")
@@ -110,7 +112,7 @@ def _raw_gaps(run: Run) -> pl.DataFrame:
     ).filter(pl.col("ts") > pl.col("gap_ts"))
     return g.select("rank", "source", "device", "step", "gap_ts", pl.col("ts").alias("gap_end"),
                     ((pl.col("ts") - pl.col("gap_ts")) / 1e6).alias("gap_ms"), "lead", "prev_name",
-                    pl.col("name").alias("next_name"))
+                    pl.col("name").alias("next_name")).collect(engine=POLARS_ENGINE)
 
 
 def gpu_idle_gaps(run: Run) -> pl.DataFrame:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from traceql.link import POLARS_ENGINE
 from traceql.model import Run
 
 
@@ -17,40 +18,44 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
     exclude: (rank, source, id) of host ops never to name (the NVTX ranges that are the steps themselves)."""
     picks = []
     src = ["source"] if "source" in points.columns else []
+    points = points.with_columns(pl.col(c).cast(pl.Int32) for c in src)
+    # one lazy plan per step below (a table's ops, the as-of join, each parent level): a dozen small eager queries
+    # per level cost more than the joins themselves
+    pts = points.lazy()
     for table, depth in (("runtime", 1000), ("host_ops", None)):
         if table not in tables:
             continue
         t = run.table(table)
         cols = [c for c in ("rank", "source", "tid", "ts", "end", "id", "name", "parent", "depth") if c in t.columns]
-        points = points.with_columns(pl.col(c).cast(pl.Int32) for c in src)
         # only the ranks (sources) the points are on, and only the columns read here
         on = ["rank", *src]
-        t = t.select(cols).with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32))
-        t = t.join(points.select(on).unique(), on=on, how="semi", nulls_equal=True)
-        t = t.filter(~pl.col("name").str.starts_with("ProfilerStep#") & (pl.col("tid").is_null() | (pl.col("tid") >= 0)))
+        lt = t.lazy().select(cols).with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32))
+        lt = lt.join(pts.select(on).unique(), on=on, how="semi", nulls_equal=True)
+        lt = lt.filter(~pl.col("name").str.starts_with("ProfilerStep#") & (pl.col("tid").is_null() | (pl.col("tid") >= 0)))
         if exclude is not None and table == "host_ops" and exclude.height:
-            t = t.join(exclude.select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), pl.col("id").cast(t.schema["id"])),
-                       on=["rank", "source", "id"], how="anti")
+            lt = lt.join(exclude.lazy().select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32),
+                                               pl.col("id").cast(t.schema["id"])), on=["rank", "source", "id"], how="anti")
+        t = lt.collect(engine=POLARS_ENGINE)
         if t.height == 0:
             continue
         if tids:
-            gt = points.select("_gid", "rank", *src, "tid", "_mid").sort("_mid")
+            gt = pts.select("_gid", "rank", *src, "tid", "_mid").sort("_mid")
         else:
-            gt = points.select("_gid", "rank", *src, "_mid").join(t.select("rank", *src, "tid").unique(), on=["rank", *src]).sort("_mid")
+            gt = pts.select("_gid", "rank", *src, "_mid").join(t.lazy().select("rank", *src, "tid").unique(), on=["rank", *src]).sort("_mid")
         key = ["rank", *src]
-        right = t.select(*key, "tid", "ts", "id")
+        right = t.lazy().select(*key, "tid", "ts", "id")
         if tids:  # the points' own threads only
-            right = right.join(points.select(*key, pl.col("tid").cast(right.schema["tid"])).unique(), on=[*key, "tid"], how="semi", nulls_equal=True)
+            right = right.join(pts.select(*key, pl.col("tid").cast(t.schema["tid"])).unique(), on=[*key, "tid"], how="semi", nulls_equal=True)
         j = gt.join_asof(right.sort("ts"), left_on="_mid", right_on="ts", by=[*key, "tid"], strategy="backward", check_sortedness=False)
-        j = j.filter(pl.col("id").is_not_null()).select("_gid", *key, "tid", "_mid", "id")
-        info = t.select(*key, "id", "ts", "end", "name", "parent" if "parent" in t.columns else pl.lit(None, pl.Int64).alias("parent"), "depth" if depth is None else pl.lit(depth, pl.Int32).alias("depth"))
+        j = j.filter(pl.col("id").is_not_null()).select("_gid", *key, "tid", "_mid", "id").collect(engine=POLARS_ENGINE)
+        info = t.lazy().select(*key, "id", "ts", "end", "name", "parent" if "parent" in t.columns else pl.lit(None, pl.Int64).alias("parent"), "depth" if depth is None else pl.lit(depth, pl.Int32).alias("depth"))
         for _ in range(32 if depth is None else 1):
             # the rows of the ops looked up at this level only (a few), deduplicated as the whole table would be
-            level = info.join(j.select(*key, "id").unique(), on=[*key, "id"], how="semi").unique([*key, "id"])
-            j = j.join(level, on=[*key, "id"], how="inner")
+            level = info.join(j.lazy().select(*key, "id").unique(), on=[*key, "id"], how="semi").unique([*key, "id"])
+            jj = j.lazy().join(level, on=[*key, "id"], how="inner").collect(engine=POLARS_ENGINE)
             span = (pl.col("ts") <= pl.col("_mid")) & (pl.col("end") >= pl.col("_mid"))
-            picks.append(j.filter(span).select("_gid", "name", pl.col("depth").cast(pl.Int32), "ts", pl.col("tid").cast(pl.Int64)))
-            j = j.filter(~span & pl.col("parent").is_not_null()).select("_gid", *key, "tid", "_mid", pl.col("parent").alias("id"))
+            picks.append(jj.lazy().filter(span).select("_gid", "name", pl.col("depth").cast(pl.Int32), "ts", pl.col("tid").cast(pl.Int64)))
+            j = jj.filter(~span & pl.col("parent").is_not_null()).select("_gid", *key, "tid", "_mid", pl.col("parent").alias("id"))
             if j.height == 0:
                 break
     if not picks:
@@ -59,7 +64,7 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
     # deepest wins; ops of equal depth spanning the moment (on two threads) by the latest start, then thread and
     # name, so the choice does not depend on the order joins return rows in
     allp = allp.sort(["_gid", "depth", "ts", "tid", "name"], descending=[False, True, True, False, False], nulls_last=True)
-    return allp.group_by("_gid", maintain_order=True).first().select("_gid", pl.col("name").alias("host_op"))
+    return allp.group_by("_gid", maintain_order=True).first().select("_gid", pl.col("name").alias("host_op")).collect(engine=POLARS_ENGINE)
 
 
 def host_context(run: Run, gaps: pl.DataFrame) -> pl.DataFrame:

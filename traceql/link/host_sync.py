@@ -12,6 +12,7 @@ from __future__ import annotations
 import polars as pl
 
 from traceql.ingest.kernel_names import BLOCKING_COPY
+from traceql.link import POLARS_ENGINE
 from traceql.model import Run
 
 
@@ -39,12 +40,14 @@ def blocking_calls(run: Run) -> pl.DataFrame:
     copies = names.filter(pl.col("name").str.contains(BLOCKING_COPY))["name"].to_list()
     queries = names.filter(pl.col("name").str.contains("Query"))["name"].to_list()
     # synchronisations are runtime kind "sync" (kernel_names.RUNTIME_KINDS); queries return at once
-    blocking = rt.filter(
+    blocking = rt.lazy().filter(
         ((pl.col("kind") == "sync") & pl.col("name").is_not_null() & ~pl.col("name").is_in(queries)) | pl.col("name").is_in(copies)
     ).with_columns(pl.col("rank").cast(pl.Int32))
-    ops = run.table("host_ops").select("rank", "source", "external_id", "name", "depth").filter(pl.col("external_id").is_not_null())
+    ops = run.table("host_ops")
+    rank_t = ops.schema["rank"]
+    ops = ops.lazy().select("rank", "source", "external_id", "name", "depth").filter(pl.col("external_id").is_not_null())
     # only ops that carry a blocking call's external id can name its cause
-    ops = ops.join(blocking.select(pl.col("rank").cast(ops.schema["rank"]), "source", "external_id").unique(),
+    ops = ops.join(blocking.select(pl.col("rank").cast(rank_t), "source", "external_id").unique(),
                    on=["rank", "source", "external_id"], how="semi")
     ops = ops.filter(~pl.col("name").str.starts_with("ProfilerStep#"))
     # innermost op per external id (the deepest one carrying it)
@@ -54,7 +57,8 @@ def blocking_calls(run: Run) -> pl.DataFrame:
         .select("rank", "source", "external_id", pl.col("name").alias("host_op"))
         .with_columns(pl.col("rank").cast(pl.Int32))
     )
-    out = blocking.join(by_ext, on=["rank", "source", "external_id"], how="left")
+    # one lazy query (on the in-memory engine) instead of a dozen eager ones
+    out = blocking.join(by_ext, on=["rank", "source", "external_id"], how="left").collect(engine=POLARS_ENGINE)
     # no op carries the call's external id (older Kineto, nsys): the innermost op spanning it on its thread
     miss = out.filter(pl.col("host_op").is_null())
     if miss.height:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from traceql.link import POLARS_ENGINE
 from traceql.model import Run
 
 # cause -> whether it acts across ranks (a late rank makes the others wait: it explains findings on any rank of its
@@ -169,7 +170,7 @@ def fixed_saves(base: pl.DataFrame, ranks: list[int] | None, ms: float, gpu_boun
     return b.select("rank", "step", save.alias("save_ms"))
 
 
-def replay(run: Run, saves: pl.DataFrame, label: str = "", base: pl.DataFrame | None = None,
+def replay(run: Run, saves: pl.DataFrame | pl.LazyFrame, label: str = "", base: pl.DataFrame | None = None,
            groups: dict[int, int] | None = None, only_ranks: list[int] | None = None) -> Replay:
     """The run's steps replayed with `saves` taken off (see the module doc). The cost is measured over the sync
     groups that hold only_ranks (default: the whole run)."""
@@ -180,8 +181,8 @@ def replay(run: Run, saves: pl.DataFrame, label: str = "", base: pl.DataFrame | 
         return Replay(label, empty, None, None, None, None)
     g = pl.DataFrame({"rank": list(groups), "group": list(groups.values())}, schema={"rank": pl.Int32, "group": pl.Int32})
     b = base.join(g, on="rank", how="left").with_columns(pl.coalesce("group", "rank").alias("group"))
-    b = b.join(saves.select([pl.col(c).cast(t) for c, t in _SAVE.items()]).group_by("rank", "step").agg(pl.col("save_ms").sum()),
-               on=["rank", "step"], how="left")
+    saves = saves.lazy().select([pl.col(c).cast(t) for c, t in _SAVE.items()]).group_by("rank", "step").agg(pl.col("save_ms").sum())
+    b = b.join(saves.collect(engine=POLARS_ENGINE), on=["rank", "step"], how="left")
     b = b.with_columns((pl.col("step_ms") - pl.col("save_ms").fill_null(0.0)).clip(lower_bound=0.0).alias("_pred"))
     per_step = b.group_by("group", "step").agg(pl.col("step_ms").max().alias("_gm"), pl.col("_pred").max().alias("_gp"))
     per_rank = b.join(per_step, on=["group", "step"]).group_by("rank", "group").agg(
@@ -245,25 +246,32 @@ def finding_steps(finding) -> list[int] | None:
     return [finding.step] if finding.step is not None else None
 
 
-def finding_saves(run: Run, finding, spec: dict, base: pl.DataFrame) -> pl.DataFrame | None:
-    """Per rank and step: what removing this finding's cause saves; None where the finding does not say enough."""
+def finding_saves(run: Run, finding, spec: dict, base: pl.DataFrame, memo: dict | None = None
+                  ) -> pl.DataFrame | pl.LazyFrame | None:
+    """Per rank and step: what removing this finding's cause saves; None where the finding does not say enough.
+    memo: where one check keeps straggler_saves by late ranks (several rules' findings name the same late rank)."""
     cause = spec["removes"]
     steps = finding_steps(finding)
-    if steps is not None:
-        base = base.filter(pl.col("step").is_in(steps))
+    # lazy: the replay collects every finding's saves in one plan
+    base = base.lazy() if steps is None else base.lazy().filter(pl.col("step").is_in(steps))
     ranks = [int(r) for r in (finding.ranks or [])] or None
     if spec.get("rank_column"):
         v = finding.evidence.get(spec["rank_column"], finding.ranks)
         ranks = [int(x) for x in (v if isinstance(v, list) else [v]) if x is not None] or None
     if cause == "straggler_delay":
-        s = straggler_saves(run, ranks or [])
+        late = tuple(ranks or [])
+        s = memo.get(late) if memo is not None else None
+        if s is None:
+            s = straggler_saves(run, list(late))
+            if memo is not None:
+                memo[late] = s
         return s if steps is None else s.filter(pl.col("step").is_in(steps))
     if cause == "exposed_comm":
         return exposed_comm_saves(base, ranks)
     if cause == "gpu_idle" and not spec.get("ms"):
         return gpu_idle_saves(base, ranks)
     if cause == "launch_gaps" and not spec.get("ms"):
-        return launch_saves(run, base, ranks)
+        return launch_saves(run, base.collect(engine=POLARS_ENGINE), ranks)
     ms = _number(finding.evidence.get(spec["ms"]))
     if ms is None:
         return None
@@ -271,11 +279,19 @@ def finding_saves(run: Run, finding, spec: dict, base: pl.DataFrame) -> pl.DataF
         ms *= 1000.0
     if spec.get("total"):
         b = base if ranks is None else base.filter(pl.col("rank").is_in(ranks))
-        n_steps = b.group_by("rank").agg(pl.col("step").n_unique())["step"].max() if b.height else None
+        n_steps = b.lazy().group_by("rank").agg(pl.col("step").n_unique()).select(pl.col("step").max()).collect(engine=POLARS_ENGINE).item()
         if not n_steps:
             return None
         ms /= n_steps
     return fixed_saves(base, ranks, ms, gpu_bound=cause == "host_sync")
+
+
+def _together(finding, spec: dict, peers: list | None) -> list:
+    """The findings one fix removes the cause of: this one and, for a cause of its own rank, its peers."""
+    together = [finding]
+    if peers and not CAUSES[spec["removes"]]["cross_rank"]:
+        together += [p for p in peers if p is not finding]
+    return together
 
 
 def finding_replay(run: Run, finding, spec: dict, base: pl.DataFrame | None = None,
@@ -284,15 +300,49 @@ def finding_replay(run: Run, finding, spec: dict, base: pl.DataFrame | None = No
     ranks (same location and collapse keys): ranks run one program, so the fix removes the cause on each of them.
     A cause acting across ranks (a late rank) is its rank's alone."""
     base = base_steps(run) if base is None else base
-    together = [finding]
-    if peers and not CAUSES[spec["removes"]]["cross_rank"]:
-        together += [p for p in peers if p is not finding]
+    together = _together(finding, spec, peers)
     parts = [s for s in (finding_saves(run, f, spec, base) for f in together) if s is not None]
     if not parts:
         return None
     ranks = sorted({r for f in together for r in f.ranks})
-    return replay(run, pl.concat(parts), label=f"{finding.rule} {finding.fingerprint}", base=base, groups=groups,
+    return replay(run, pl.concat([p.lazy() for p in parts]), label=f"{finding.rule} {finding.fingerprint}", base=base, groups=groups,
                   only_ranks=ranks or None)
+
+
+def replay_costs(base: pl.DataFrame, groups: dict[int, int], items: list[tuple[pl.DataFrame, list[int] | None]]
+                 ) -> list[tuple[float | None, float | None]]:
+    """(cost_ms_per_step, cost_pct) of each (saves, only_ranks) in items: replay's arithmetic for all of them in
+    one plan, keyed by the item's index (a replay per finding was a dozen small queries each)."""
+    if not items or base.height == 0:
+        return [(None, None)] * len(items)
+    g = pl.LazyFrame({"rank": list(groups), "group": list(groups.values())}, schema={"rank": pl.Int32, "group": pl.Int32})
+    b = base.lazy().join(g, on="rank", how="left").with_columns(pl.coalesce("group", "rank").alias("group"))
+    saves = pl.concat([s.lazy().select([pl.col(c).cast(t) for c, t in _SAVE.items()]).with_columns(pl.lit(k, pl.UInt32).alias("_k"))
+                       for k, (s, _) in enumerate(items)])
+    saves = saves.group_by("_k", "rank", "step").agg(pl.col("save_ms").sum())
+    keys = pl.LazyFrame({"_k": list(range(len(items)))}, schema={"_k": pl.UInt32})
+    b = b.join(keys, how="cross").join(saves, on=["_k", "rank", "step"], how="left")
+    b = b.with_columns((pl.col("step_ms") - pl.col("save_ms").fill_null(0.0)).clip(lower_bound=0.0).alias("_pred"))
+    per_step = b.group_by("_k", "group", "step").agg(pl.col("step_ms").max().alias("_gm"), pl.col("_pred").max().alias("_gp"))
+    # the sync groups each item's cost is measured over: those holding its ranks, else every group
+    pick = [(k, groups.get(r, r)) for k, (_, only) in enumerate(items) if only for r in only]
+    every = [k for k, (_, only) in enumerate(items) if not only]
+    chosen = pl.concat([
+        per_step.join(pl.LazyFrame(pick, schema={"_k": pl.UInt32, "group": pl.Int32}, orient="row").unique(),
+                      on=["_k", "group"], how="semi"),
+        per_step.filter(pl.col("_k").is_in(every)),
+    ])
+    res = chosen.group_by("_k").agg(pl.col("_gm").median(), pl.col("_gp").median()).collect(engine=POLARS_ENGINE)
+    got = {k: (gm, gp) for k, gm, gp in res.iter_rows()}
+    out = []
+    for k in range(len(items)):
+        if k not in got:
+            out.append((None, None))
+            continue
+        measured, predicted = float(got[k][0]), float(got[k][1])
+        cost = max(0.0, measured - predicted)
+        out.append((cost, 100.0 * cost / measured if measured > 0 else None))
+    return out
 
 
 def peer_key(finding, keys: list[str]) -> tuple:
@@ -321,12 +371,19 @@ def apply_costs(run: Run, findings: list, specs: dict[str, dict], keys: dict[str
         return
     groups = sync_groups(run)
     peers = _peers(todo, keys or {})
+    memo: dict = {}
+    items, owners = [], []
     for f in todo:
-        r = finding_replay(run, f, specs[f.rule], base, groups, peers[id(f)])
-        if r is None or r.cost_ms_per_step is None:
+        together = _together(f, specs[f.rule], peers[id(f)])
+        parts = [s for s in (finding_saves(run, x, specs[f.rule], base, memo) for x in together) if s is not None]
+        if parts:
+            items.append((pl.concat([p.lazy() for p in parts]), sorted({r for x in together for r in x.ranks}) or None))
+            owners.append(f)
+    for f, (cost, pct) in zip(owners, replay_costs(base, groups, items)):
+        if cost is None:
             continue
-        f.cost_ms_per_step = round(r.cost_ms_per_step, 3)
-        f.cost_pct = round(r.cost_pct, 1) if r.cost_pct is not None else None
+        f.cost_ms_per_step = round(cost, 3)
+        f.cost_pct = round(pct, 1) if pct is not None else None
 
 
 def whatif_table(run: Run, findings: list, specs: dict[str, dict],

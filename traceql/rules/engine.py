@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import string
+import weakref
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -208,33 +210,48 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _GAP = re.compile(r"(?:\s+|--[^\n]*|/\*.*?\*/)*", re.DOTALL)
 
 
+# where _close must look: quotes, parentheses and comment openers (everything between them is skipped at once)
+_CLOSE_TOKEN = re.compile(r"['\"()]|--|/\*")
+
+
 def _close(sql: str, i: int) -> int | None:
     """The index of the ")" that closes the "(" at i, stepping over strings, quoted names and comments."""
-    depth, n = 0, len(sql)
-    while i < n:
-        c = sql[i]
+    depth = 0
+    while (m := _CLOSE_TOKEN.search(sql, i)) is not None:
+        i, c = m.start(), m.group()
         if c in "'\"":
             j = sql.find(c, i + 1)
             while j >= 0 and sql[j + 1:j + 2] == c:  # '' inside a string, "" inside a name
                 j = sql.find(c, j + 2)
             if j < 0:
                 return None
-            i = j
-        elif sql.startswith("--", i) or sql.startswith("/*", i):
-            i = _GAP.match(sql, i).end() - 1
+            i = j + 1
+        elif c in ("--", "/*"):
+            end = _GAP.match(sql, i).end()
+            if end == i:  # an unterminated /* comment: nothing closes after it
+                return None
+            i = end
         elif c == "(":
             depth += 1
-        elif c == ")":
+            i += 1
+        else:
             depth -= 1
             if depth == 0:
                 return i
-        i += 1
+            i += 1
     return None
 
 
 def split_ctes(sql: str) -> tuple[list[tuple[str, str]], str] | None:
     """`WITH a AS (...), b AS (...) SELECT ...` as its CTEs [(name, body)] and the final statement; None where the
     statement has no leading WITH of that plain form (RECURSIVE, column lists: polars runs those whole)."""
+    parts = _split_ctes(sql)
+    return None if parts is None else (list(parts[0]), parts[1])
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_ctes(sql: str) -> tuple[tuple[tuple[str, str], ...], str] | None:
+    # kept per statement text: a per-rank rule splits the same SQL once per rank, and rule load splits it too
     i = _GAP.match(sql).end()
     if sql[i:i + 4].lower() != "with" or not sql[i + 4:i + 5].isspace():
         return None
@@ -254,7 +271,7 @@ def split_ctes(sql: str) -> tuple[list[tuple[str, str]], str] | None:
         ctes.append((m.group(0), sql[i + 1:j]))
         i = _GAP.match(sql, j + 1).end()
         if sql[i:i + 1] != ",":
-            return ctes, sql[i:]
+            return tuple(ctes), sql[i:]
         i += 1
 
 
@@ -262,45 +279,77 @@ def execute_sql(ctx: pl.SQLContext, query: str) -> pl.DataFrame:
     """The query's rows. Its CTEs run one by one, each result registered as a table for the next: polars plans a
     statement whose CTEs read each other more than once as a tree, whose size doubles with each such level (20 CTEs
     of that kind took seconds on 60 rows), where running them in turn costs their sum."""
+    return execute_sql_all([ctx], query)[0]
+
+
+def execute_sql_all(ctxs: list[pl.SQLContext], query: str) -> list[pl.DataFrame]:
+    """execute_sql in each context (a per-rank rule's rank partitions): each level of CTEs of every context in one
+    collect_all, so the partitions run side by side on polars' threads instead of one small query after another."""
     parts = split_ctes(query)
-    if parts is None:
-        return ctx.execute(query, eager=False).collect()
-    for name, body in parts[0]:
-        ctx.register(name, ctx.execute(body, eager=False).collect())
-    return ctx.execute(parts[1], eager=False).collect()
+    if parts is not None:
+        for name, body in parts[0]:
+            for ctx, df in zip(ctxs, pl.collect_all([c.execute(body, eager=False) for c in ctxs], engine=link.POLARS_ENGINE)):
+                ctx.register(name, df)
+    return pl.collect_all([c.execute(query if parts is None else parts[1], eager=False) for c in ctxs],
+                          engine=link.POLARS_ENGINE)
+
+
+# ranks of a per-rank rule run together (execute_sql_all): enough to fill the threads, few enough that their CTEs'
+# intermediate rows stay small beside the tables
+RANK_BATCH = 16
+_PARTS: dict[int, tuple] = {}  # id(frame) -> (weakref to it, its ranks, its rank slices): see _partitions
+
+
+def _partitions(df: pl.DataFrame) -> tuple[list[int], dict[int, tuple[int, int]] | None]:
+    """The frame's ranks and rank slices (_rank_slices), worked out once per frame: every per-rank rule over a table
+    asks again, and tables do not change once built. Kept while the frame lives (a weak reference)."""
+    hit = _PARTS.get(id(df))
+    if hit is not None and hit[0]() is df:
+        return hit[1], hit[2]
+    key = id(df)
+    ref = weakref.ref(df, lambda _, k=key: _PARTS.pop(k, None))
+    ranks = df["rank"].drop_nulls().unique().to_list()
+    _PARTS[key] = (ref, ranks, _rank_slices(df))
+    return ranks, _PARTS[key][2]
 
 
 def _sql(run: Run, rule: Rule) -> pl.DataFrame:
     query = rule.sql
     known = set(run.tables) | set(link.derived_tables()) | set(rule.views or {})
+    read: set[str] = set()
     try:  # again here, with the run's table names: only those reach polars, and no table function does
-        sql_guard.check(query, known)
+        sql_guard.check(query, known, read)
     except sql_guard.SqlRefused as e:
         raise RuleRunError(f"field 'sql': {e}") from None
-    names = viewsmod.named(query, sorted(known))
+    names = [n for n in sorted(known) if n.lower() in read]  # views.named, from the check's own reading
     frames = {n: table(run, n, rule.views) for n in names}
     if rule.cross_rank:
         return execute_sql(pl.SQLContext(frames=frames), query)
-    ranks = sorted({r for df in frames.values() if "rank" in df.columns for r in df["rank"].drop_nulls().unique().to_list()})
-    slices = {n: _rank_slices(df) for n, df in frames.items() if "rank" in df.columns}
+    parts = {n: _partitions(df) for n, df in frames.items() if "rank" in df.columns}
+    ranks = sorted({r for rs, _ in parts.values() for r in rs})
     outs = []
-    for r in ranks:
-        # lazy partitions: the query's own filters and projections reach the scan; where a table holds each rank
-        # in one block of rows (the usual case), the partition is that block (a zero-copy slice), else a filter
-        part = {}
-        for n, df in frames.items():
-            if "rank" not in df.columns:
-                part[n] = df.lazy()
-            elif slices[n] is not None:
-                off, ln = slices[n].get(r, (0, 0))
-                part[n] = df.slice(off, ln).lazy()
-            else:
-                part[n] = df.lazy().filter(pl.col("rank") == r)
-        res = execute_sql(pl.SQLContext(frames=part), query)
-        if res.height:
-            if "rank" not in res.columns:
-                res = res.with_columns(pl.lit(r, pl.Int32).alias("rank"))
-            outs.append(res)
+    for i in range(0, len(ranks), RANK_BATCH):
+        batch = ranks[i:i + RANK_BATCH]
+        ctxs = []
+        for r in batch:
+            # lazy partitions: the query's own filters and projections reach the scan; where a table holds each
+            # rank in one block of rows (the usual case), the partition is that block (a zero-copy slice), else a
+            # filter
+            part = {}
+            for n, df in frames.items():
+                if "rank" not in df.columns:
+                    part[n] = df.lazy()
+                elif parts[n][1] is not None:
+                    off, ln = parts[n][1].get(r, (0, 0))
+                    part[n] = df.slice(off, ln).lazy()
+                else:
+                    part[n] = df.lazy().filter(pl.col("rank") == r)
+            ctxs.append(pl.SQLContext(frames=part))
+        for r, res in zip(batch, execute_sql_all(ctxs, query)):
+            if res.height:
+                if "rank" not in res.columns:
+                    res = res.with_columns(pl.lit(r, pl.Int32).alias("rank"))
+                outs.append(res)
     return pl.concat(outs, how="diagonal_relaxed") if outs else pl.DataFrame()
 
 

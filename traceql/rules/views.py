@@ -145,7 +145,9 @@ def _schema(v: View, views: dict[str, View], stack: list[str]) -> dict[str, pl.D
     for n in v.reads:
         frames[n] = pl.DataFrame(schema=_schema(views[n], views, [*stack, v.name])) if n in views else empty(n)
     try:
-        out = pl.SQLContext(frames=frames, eager=True).execute(v.sql, eager=True)
+        from traceql.link import POLARS_ENGINE
+
+        out = pl.SQLContext(frames=frames).execute(v.sql, eager=False).collect(engine=POLARS_ENGINE)
     except (pl.exceptions.PolarsError, ValueError, TypeError) as e:
         raise ViewError(f"{v.path}: field 'sql': {_first(e)}") from None
     got = dict(out.schema)
@@ -171,6 +173,6 @@ def frame(run, name: str, views: dict[str, View]) -> pl.DataFrame:
     v = views[name]
     sql_guard.check(v.sql, v.reads)  # checked at load; again here, where it runs (memoised by its text)
     frames = {n: frame(run, n, views) if n in views else link.ensure(run, n) for n in v.reads}
-    out = pl.SQLContext(frames=frames, eager=True).execute(v.sql, eager=True)
+    out = pl.SQLContext(frames=frames).execute(v.sql, eager=False).collect(engine=link.POLARS_ENGINE)
     run.tables[name] = out
     return out
