@@ -362,3 +362,31 @@ def test_a_gnu_sparse_entry_stops_the_expansion_with_its_reason(tmp_path):
     stopped = [s for s in result.run.sources if s.status == "error"]
     assert len(stopped) == 1 and "GNU sparse" in stopped[0].detail
     assert any(s.status == "ok" and s.kind == "kineto" for s in result.run.sources)
+
+
+def test_an_oversized_header_as_the_first_entry_is_one_line_not_a_crash(tmp_path):
+    path = tmp_path / "run.tar.gz"
+    with gzip.open(path, "wb") as gz:  # tarfile.open reads the first header itself in stream mode
+        big = tarfile.TarInfo("run/PaxHeader")
+        big.type = tarfile.XHDTYPE
+        big.size = 2 * archive.MB
+        gz.write(big.tobuf(tarfile.GNU_FORMAT) + b"9" * big.size)
+    r = CliRunner().invoke(main, ["check", str(path)])
+    assert r.exit_code == 2, r.output
+    assert "PAX header of 2.0 MB" in r.output and "internal error" not in r.output
+
+
+def test_a_malformed_pax_sparse_map_is_refused_not_a_crash(tmp_path):
+    entry = _info("run/sparse.bin")
+    entry.pax_headers = {"GNU.sparse.map": "x,y", "GNU.sparse.size": "1"}
+    path = tmp_path / "run.tar.gz"
+    good = (FIXTURES / "cpu-straggler" / "rank0.pt.trace.json.gz").read_bytes()
+    with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT) as tf:
+        ti = tarfile.TarInfo("run/rank0.pt.trace.json.gz")
+        ti.size = len(good)
+        tf.addfile(ti, io.BytesIO(good))
+        tf.addfile(entry, io.BytesIO(b"x"))
+    result = pipeline.check(path)
+    stopped = [s for s in result.run.sources if s.status == "error"]
+    assert len(stopped) == 1 and "malformed header" in stopped[0].detail, [s.detail for s in stopped]
+    assert any(s.status == "ok" and s.kind == "kineto" for s in result.run.sources)

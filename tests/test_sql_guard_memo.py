@@ -84,3 +84,13 @@ def test_the_fast_tokenizer_gives_the_loop_s_tokens_on_the_rule_pack():
     assert len(texts) > 20
     for t in texts:
         assert sql_guard._tokenize(t) == sql_guard._tokenize_loop(t)
+
+
+@pytest.mark.parametrize("sql,why", [
+    ("WITH a AS (SELECT 1) SELECT * FROM a, generate_series(1,2)", "generate_series"),
+    ("WITH a AS (SELECT 1) SELECT * FROM a JOIN b.c ON true", "qualified table name"),
+])
+def test_a_refusal_after_a_cte_names_its_real_reason_not_the_cte(sql, why):
+    with pytest.raises(sql_guard.SqlRefused) as e:
+        sql_guard.check(sql, {"runtime"})
+    assert why in str(e.value) and "unknown table 'a'" not in str(e.value)

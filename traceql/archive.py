@@ -267,7 +267,10 @@ def _bounded_tarinfo() -> type:
                                  "a hostile archive?")
             if self.type == tarfile.GNUTYPE_SPARSE:
                 raise _BadHeader("holds a GNU sparse entry (sparse files are not extracted; traces never are)")
-            return super()._proc_member(tf)
+            try:
+                return super()._proc_member(tf)
+            except ValueError as e:  # tarfile's own parse of a malformed PAX sparse map or number field
+                raise _BadHeader(f"holds a malformed header ({str(e)[:120]}): a hostile archive?") from None
 
     _TARINFO = _BoundedTarInfo
     return _TARINFO
@@ -436,12 +439,15 @@ def _expand_tar(path: Path, kind: str, where: Path, w: _Writer) -> None:
     import tarfile
 
     with open(path, "rb") as raw:
-        if kind == "tar.zst":
-            stream = _zstd(path).ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-            tf = tarfile.open(fileobj=stream, mode="r|", tarinfo=_bounded_tarinfo())
-        else:
-            tf = tarfile.open(fileobj=raw, mode="r|" + ("*" if kind == "tar" else kind.split(".")[1]),
-                              tarinfo=_bounded_tarinfo())
+        try:  # in stream mode tarfile.open reads the first header itself
+            if kind == "tar.zst":
+                stream = _zstd(path).ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+                tf = tarfile.open(fileobj=stream, mode="r|", tarinfo=_bounded_tarinfo())
+            else:
+                tf = tarfile.open(fileobj=raw, mode="r|" + ("*" if kind == "tar" else kind.split(".")[1]),
+                                  tarinfo=_bounded_tarinfo())
+        except _BadHeader as e:
+            w.stop(where, "(the first entry)", str(e))
         with tf:
             members = iter(tf)  # streaming: the archive is read once, front to back, never seeked
             while True:

@@ -120,16 +120,12 @@ def load(source: Source, key: str) -> dict[str, pl.DataFrame] | None:
         meta = orjson.loads(meta_path.read_bytes())
         # exactly the tables the store wrote: an entry missing one of them (being pruned, damaged) is a miss
         tables = {n: pl.read_parquet(d / f"{n}.parquet") for n in meta["tables"]}
+        fields = (meta["status"], meta["detail"], meta["rank"], meta["ranks"], meta["rank_origin"],
+                  meta.get("host"), meta.get("meta", {}))
     except Exception:  # a damaged cache entry is a miss, never an error
         return None
     _touch(d)
-    source.status = meta["status"]
-    source.detail = meta["detail"]
-    source.rank = meta["rank"]
-    source.ranks = meta["ranks"]
-    source.rank_origin = meta["rank_origin"]
-    source.host = meta.get("host")
-    source.meta = meta.get("meta", {})
+    source.status, source.detail, source.rank, source.ranks, source.rank_origin, source.host, source.meta = fields
     # source ids are per discovery; restamp them
     return {n: t.with_columns(pl.lit(source.id, dtype=pl.Int32).alias("source")) for n, t in tables.items()}
 

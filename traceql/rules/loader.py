@@ -347,6 +347,8 @@ def _load_vouched(path: Path, entry: dict | None, views: dict[str, View]) -> Rul
         rule = parse_rule(data, path, views, validate=False)
         schema.check_needs(rule)
         try:
+            if rule.collapse and outs[1] is None:  # a collapse rule's names are checked against its collapsed output
+                raise RuleError("no recorded output after collapse")
             schema.check_reads(rule, *outs, step_column_given="step_column" in data)
         except RuleError:  # recorded outputs the rule's names do not fit are not believed: infer them
             schema.validate(rule, step_column_given="step_column" in data)

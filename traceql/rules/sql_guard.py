@@ -42,11 +42,6 @@ _CLAUSES = {"select", "from", "where", "group", "having", "order", "limit", "off
 _TABLE_FUNCTIONS_OK = {"unnest"}
 
 
-def tokens(sql: str) -> list[tuple[str, str]]:
-    """(kind, text) pairs: kind is word (lower-cased), qid (the unquoted name, case kept), str, num or punct."""
-    return _tokenize(sql)
-
-
 # _TOKEN's tokens in one findall: whitespace and -- comments skipped in front of each token, \Z ending the text.
 # Block comments, E'' strings and $$ strings need the token-by-token loop (_tokenize_loop); where one starts, the
 # text is read by that loop instead, so both give the same tokens (tests/test_sql_sandbox.py compares them).
@@ -208,15 +203,16 @@ def _plan(sql: str) -> tuple[tuple[tuple[str, str], ...], frozenset[str]]:
     up to the first refusal ("refuse", message), and the statement's CTE names. Pure in the text, hence memoised: a
     rule's SQL is checked at load, by the executor, and again each time the engine runs it."""
     steps: list[tuple[str, str]] = []
+    named: list[frozenset[str]] = []  # the CTE names, known before the walk may refuse: they are no unknown tables
     try:
-        ctes = _walk(sql, steps)
+        ctes = _walk(sql, steps, named)
     except SqlRefused as e:
         steps.append(("refuse", str(e)))
-        ctes = frozenset()
+        ctes = named[0] if named else frozenset()
     return tuple(steps), ctes
 
 
-def _walk(sql: str, steps: list[tuple[str, str]]) -> frozenset[str]:
+def _walk(sql: str, steps: list[tuple[str, str]], named: list[frozenset[str]]) -> frozenset[str]:
     if (fn := _raw_read_call(sql)) is not None:
         raise SqlRefused(f"{fn}(...) reads files; rule SQL and queries read only traceql's tables")
     toks = _tokenize(sql)
@@ -234,6 +230,7 @@ def _walk(sql: str, steps: list[tuple[str, str]]) -> frozenset[str]:
         if nxt == ("punct", "(") and tok[0] in ("word", "qid") and _READ_NAME.match(tok[1]):
             raise SqlRefused(f"{tok[1]}(...) reads files; rule SQL and queries read only traceql's tables")
     ctes = frozenset(_cte_names(toks))
+    named.append(ctes)
     clause = ["select"]  # the current clause keyword at each parenthesis depth
     expect_table = False
     for i, tok in enumerate(toks):
