@@ -132,6 +132,38 @@ def budget_for(source: Source) -> Budget:
 
 
 IN_PROCESS_MAX_BYTES = 2 << 20
+# Formats whose readers stream their content (a slice at a time, into columns) and gunzip through ingest/_gz.py: in
+# this process they may read INFLATE_CAP bytes of content in all, plain files by their size and gzip as it inflates.
+STREAMED = frozenset({"kineto", "torch_trace", "nccl_log", "torch_logs"})
+INFLATE_CAP = 64 * MB
+
+
+def in_process_allowance(sources: list[Source]) -> int | None:
+    """Gzip bytes that may be inflated in this process reading these sources here, or None where a budget worker
+    reads them: their content (a gzip's by _gz.size_hint) must come to at most INFLATE_CAP, of which the formats that
+    do not stream (a SQLite export, a pickle, a folder) at most IN_PROCESS_MAX_BYTES of files. The allowance is
+    charged as gzip inflates; a source that inflates past it goes to a worker (loader._read_here)."""
+    from traceql.ingest import _gz
+
+    plain = hinted = other = 0
+    for s in sources:
+        if s.kind in STREAMED and s.path.is_file():
+            if _gz.gzipped(s.path):
+                hinted += _gz.size_hint(s.path)  # a large one says so: to a worker without inflating it here first
+            else:
+                plain += _file_size(s.path)
+        else:
+            other += estimated_bytes(s.path) if s.path.is_dir() else _file_size(s.path)
+    if other >= IN_PROCESS_MAX_BYTES or plain + hinted + other > INFLATE_CAP:
+        return None
+    return INFLATE_CAP - plain - other
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def isolation_mode() -> str:
