@@ -77,19 +77,25 @@ def gzipped(path: Path) -> bool:
         return False
 
 
+# Deflate inflates at most 1032 bytes per compressed byte: a trailer claiming more is no trailer (a cut-off file's last
+# bytes are the middle of its stream).
+_MAX_RATIO = 1032
+
+
 def size_hint(path: Path) -> int:
-    """What reading the file will inflate, as far as can be told without inflating: its size, or for gzip the larger
-    of its size and the trailer's ISIZE. Only a hint: a hostile or many-member stream inflates to more, which the
-    allowance catches."""
+    """What reading the file will inflate, as far as can be told without inflating: its size, or for gzip the
+    trailer's ISIZE where that is possible for the file's size. Only a hint: a hostile, cut-off or many-member stream
+    inflates to more, which the allowance catches."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if f.read(2) != MAGIC or size < 20:
                 return size
             f.seek(size - 4)
-            return max(size, int.from_bytes(f.read(4), "little"))
+            isize = int.from_bytes(f.read(4), "little")
     except OSError:
         return 0
+    return isize if size < isize <= _MAX_RATIO * size else size
 
 
 def inflate(f, notes: list, block: int, progress=None):

@@ -1190,8 +1190,11 @@ def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
     offset = start  # decompressed byte offset of buf[0]
     acc = _Acc()
     n = 0
+    clean = 0  # buf[:clean] holds no separator: only what came after it is searched (a file without separators
+    # would be rescanned from its start on every block, quadratic: minutes for 256 MB of zeros)
     while True:
-        cut = buf.rfind(sep)
+        cut = buf.rfind(sep, max(0, clean - len(sep) + 1))
+        clean = len(buf)
         if cut > 0:
             # buf[:cut + comma + 1] becomes a JSON list in place: "]" over the comma after the last event; then the
             # comma's place, now at the front, becomes the next chunk's "[".
@@ -1202,6 +1205,7 @@ def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
             offset += end
             del buf[:end]
             buf[0] = 0x5B
+            clean = len(buf)
         block = next(blocks, None)
         if block is None:
             break
