@@ -315,3 +315,19 @@ def test_an_io_stream_is_not_needed(tmp_path):
     with _gz.capped(_gz.Allowance(0)):
         with _gz.open_binary(p) as f:
             assert isinstance(f, io.BufferedReader) and f.read() == b"abc"
+
+
+def test_line_logs_count_by_their_reading_speed(tmp_path, monkeypatch):
+    """An NCCL log's bytes count 4 x against the cap (its reader is that much slower than the Kineto scanner): a
+    20 MB log goes to a worker, as a 20 MB trace does not."""
+    monkeypatch.setattr(budget, "INFLATE_CAP", 64 * MB)
+    d = tmp_path / "run"
+    d.mkdir()
+    line = b"node1:1234:1240 [0] NCCL INFO Channel 00/02 :    0   1\n"
+    (d / "rank0.nccl.log").write_bytes(line * (20 * MB // len(line)))
+    srcs = discover(d)
+    assert [s.kind for s in srcs] == ["nccl_log"]
+    assert budget.in_process_allowance(srcs) is None
+    (d / "rank0.nccl.log").write_bytes(line * (10 * MB // len(line)))
+    left = budget.in_process_allowance(discover(d))
+    assert left is not None and 64 * MB - left == 4 * (d / "rank0.nccl.log").stat().st_size

@@ -98,18 +98,21 @@ def _ingest_one(source: Source, use_cache: bool, limits: budget.Budget | None = 
 
 
 def _read_here(task: tuple, allowance: _gz.Allowance) -> tuple[Source, dict] | None:
-    """One source read in this process under the allowance; None when it inflated past it (nothing of the read is
-    kept: the source is as it was before, for a worker to read)."""
+    """One source read in this process under the allowance (its format's bytes weighted, budget.STREAMED); None when
+    it inflated past it (nothing of the read is kept: the source is as it was before, for a worker to read)."""
     source, use_cache, limits = task
+    weight = budget.STREAMED.get(source.kind, 1)
     before = copy.deepcopy(source)
-    left = allowance.left
+    mine = _gz.Allowance(max(0, allowance.left) // weight)
+    start = mine.left
     try:
-        with _gz.capped(allowance):
-            return budget.run_here(_ingest_one, source, use_cache, limits)
-    except _gz.OverCap:
+        with _gz.capped(mine):
+            out = budget.run_here(_ingest_one, source, use_cache, limits)
+    except _gz.OverCap:  # what it inflated is dropped and not charged: the allowance bounds what this process holds
         source.__dict__.update(before.__dict__)
-        allowance.left = left  # what it inflated is dropped: the allowance bounds what this process holds
         return None
+    allowance.left -= (start - mine.left) * weight
+    return out
 
 
 def _here_then_workers(tasks: list, allowance: int, jobs: int, read_progress):
