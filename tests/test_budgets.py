@@ -264,3 +264,27 @@ def test_sparse_trace_fails_fast_and_the_others_go_on(tmp_path):
     assert src["rank1.pt.trace.json.gz"].status == "ok"
     # within its budget (60 s + 20 s/GB): a full read of 5 GB took ~16 s and 5 GB of memory; here it is not read
     assert took < 12  # well under the ~16 s a read of it takes: the hole is refused before any reading
+
+
+def test_tables_come_back_over_the_socket_when_no_temporary_file_can_be_written(tmp_path, monkeypatch):
+    """Past INLINE_MAX_BYTES tables travel as files; a temporary folder that cannot be made, or fills up, sends them
+    over the socket instead of losing the source."""
+    import tempfile
+
+    tables = {"kernels": pl.DataFrame({"a": list(range(10_000))}), "steps": pl.DataFrame({"step": [1, 2]})}
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    packed = budget._pack(tables, 0)
+    assert packed[0] == "files" and budget._unpack(packed)["kernels"].equals(tables["kernels"])
+
+    def full(self, *a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pl.DataFrame, "write_ipc", full)
+    packed = budget._pack(tables, 0)
+    assert packed[0] == "inline" and packed[1] is tables and not list(tmp_path.iterdir())
+
+    def no_dir(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", no_dir)
+    assert budget._pack(tables, 0)[0] == "inline"

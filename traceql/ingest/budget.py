@@ -21,10 +21,16 @@ the other sources are read as usual. Defaults scale with the input and the machi
 TRACEQL_SOURCE_TIMEOUT_S and TRACEQL_SOURCE_MAX_MB replace them for every source (0 = no limit); with
 TRACEQL_SOURCE_MAX_MB set, every source goes to a worker, so that a tight limit stops that source only.
 
-Small runs stay cheap: when the sources to read add up to less than IN_PROCESS_MAX_BYTES, starting a worker (about a
-second, importing polars) would cost more than the reading, so they are read in-process under a SIGALRM timer (from
-the main thread only; other threads use workers) and without a memory limit (a refused allocation inside Rust code
-aborts the process). That watchdog stops Python code but not a loop inside C code; the formats' own bounds (the Flight Recorder pre-scan, the sparse-file check) cover the
+Small runs stay cheap: where starting a worker (~0.4 CPU s, importing polars, and the tables' hand-back) would cost
+more than the reading, the sources are read in-process under a SIGALRM timer (from the main thread only; other threads
+use workers) and without a memory limit (a refused allocation inside Rust code aborts the process), so what is read
+here is bounded instead: at most INFLATE_CAP (64 MB) of content in all for the formats that stream it (Kineto,
+TORCH_TRACE, NCCL logs, TORCH_LOGS: a slice at a time into columns; the Kineto reader peaks at ~1.6 x its content,
+85 MB over the interpreter for the 54 MB df_index_resolver, tables included, which the parent holds either way), of
+which at most IN_PROCESS_MAX_BYTES of files for the others, and a whole-document parse (~10 x its size in objects)
+only up to _gz.WHOLE_MAX (16 MB). A gzip source counts by its trailer (ISIZE) as a hint and is charged as it
+inflates (ingest/_gz.py): past the cap it stops and goes to a worker, so a forged trailer or a bomb costs this
+process at most the cap. That watchdog stops Python code but not a loop inside C code; the formats' own bounds (the Flight Recorder pre-scan, the sparse-file check) cover the
 small hostile files known. TRACEQL_SOURCE_ISOLATION=always sends every source to a worker (for a service reading
 uploads); =0 reads everything in-process without budgets (for debugging an importer).
 """
@@ -132,6 +138,42 @@ def budget_for(source: Source) -> Budget:
 
 
 IN_PROCESS_MAX_BYTES = 2 << 20
+# Formats whose readers stream their content (a slice at a time, into columns) and gunzip through ingest/_gz.py, with
+# the weight a byte of their content counts by against INFLATE_CAP: in this process they may read that much in all,
+# plain files by their size and gzip as it inflates. The line readers run at 20-60 MB/s against the Kineto scanner's
+# 250-300, so their bytes count 4 x: what is read here, serially, stays a fraction of a second where workers would
+# read several logs side by side.
+STREAMED = {"kineto": 1, "torch_trace": 4, "nccl_log": 4, "torch_logs": 4}
+INFLATE_CAP = 64 * MB
+
+
+def in_process_allowance(sources: list[Source]) -> int | None:
+    """Weighted gzip bytes (STREAMED) that may be inflated in this process reading these sources here, or None where
+    budget workers read them: their weighted content (a gzip's by _gz.size_hint) must come to at most INFLATE_CAP, of
+    which the formats that do not stream (a SQLite export, a pickle, a folder) at most IN_PROCESS_MAX_BYTES of files.
+    The allowance is charged as gzip inflates; a source that inflates past it goes to a worker (loader._read_here)."""
+    from traceql.ingest import _gz
+
+    plain = hinted = other = 0
+    for s in sources:
+        if s.kind in STREAMED and s.path.is_file():
+            w = STREAMED[s.kind]
+            if _gz.gzipped(s.path):
+                hinted += w * _gz.size_hint(s.path)  # a large one says so: to a worker without inflating it here first
+            else:
+                plain += w * _file_size(s.path)
+        else:
+            other += estimated_bytes(s.path) if s.path.is_dir() else _file_size(s.path)
+    if other >= IN_PROCESS_MAX_BYTES or plain + hinted + other > INFLATE_CAP:
+        return None
+    return INFLATE_CAP - plain - other
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def isolation_mode() -> str:
@@ -317,7 +359,10 @@ def _worker(conn, threads: str | None = None) -> None:
 
 # Tables up to this size travel back pickled over the socket; larger ones as Arrow IPC files that the parent maps
 # (pickling 10 GB of tables would hold them twice in the worker and twice again in the parent while they travel).
-INLINE_MAX_BYTES = 64 * MB
+# Measured on one 46 MB trace's tables (20 MB): pickled there and back 0.14 CPU s, written and mapped 0.03 (0.11 s
+# of every rank of a 128-rank run); the files' fixed cost is a few ms and the parent's one import of pyarrow ~55 ms,
+# so from a few MB on the files are cheaper.
+INLINE_MAX_BYTES = 4 * MB
 
 
 def _pack(tables: dict, inline_max: int = INLINE_MAX_BYTES) -> tuple:
@@ -325,16 +370,21 @@ def _pack(tables: dict, inline_max: int = INLINE_MAX_BYTES) -> tuple:
         return ("inline", tables)
     import tempfile
 
-    d = tempfile.mkdtemp(prefix="traceql-ingest-")
+    try:
+        d = tempfile.mkdtemp(prefix="traceql-ingest-")
+    except OSError:  # no writable temporary folder: over the socket after all
+        return ("inline", tables)
     paths = {}
     try:
         for name, df in tables.items():
             paths[name] = os.path.join(d, f"{name}.arrow")
             df.write_ipc(paths[name], compression="uncompressed")
-    except BaseException:
+    except BaseException as e:
         import shutil
 
         shutil.rmtree(d, ignore_errors=True)
+        if isinstance(e, OSError):  # the temporary folder is full: over the socket after all
+            return ("inline", tables)
         raise
     return ("files", d, paths)
 

@@ -10,14 +10,13 @@ each is a cache_miss row, and its fx_graph_readable.py gives the graph's ops (gr
 
 from __future__ import annotations
 
-import gzip
 import re
 from pathlib import Path
 
 import orjson
 import polars as pl
 
-from traceql.ingest import IngestError
+from traceql.ingest import IngestError, _gz
 from traceql.ingest._compile_common import graph_break, parse_graph_ops
 from traceql.ingest.sniff import compile_debug as sniff  # noqa: F401  (discovery's test, kept in one place)
 
@@ -41,7 +40,7 @@ def _rank_from_sibling_trace(folder: Path, pid: int) -> int | None:
             if not m:
                 continue
             try:
-                with (gzip.open(log, "rb") if log.name.endswith(".gz") else open(log, "rb")) as f:
+                with _gz.open_binary(log) as f:
                     first = f.readline(4096)
             except (OSError, EOFError):
                 continue

@@ -19,7 +19,6 @@ The restart attempt (the `_1` of tlparse's [0/0_1]) is kept in detail.restart.
 from __future__ import annotations
 
 import calendar
-import gzip
 import re
 import zlib
 from pathlib import Path
@@ -27,7 +26,7 @@ from pathlib import Path
 import orjson
 import polars as pl
 
-from traceql.ingest import IngestError
+from traceql.ingest import IngestError, _gz
 from traceql.ingest._compile_common import MAX_VALUE as _MAX_VALUE
 from traceql.ingest._compile_common import failure as _failure
 from traceql.ingest._compile_common import graph_inputs as _graph_inputs
@@ -78,11 +77,7 @@ _LIMIT = re.compile(r"(?:recompile_limit|cache_size_limit|cache size limit)[^\n]
 
 
 def _open_text(path: Path):
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    if magic == b"\x1f\x8b":
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="\n")
-    return open(path, encoding="utf-8", errors="replace", newline="\n")
+    return _gz.open_text(path, encoding="utf-8", errors="replace", newline="\n")
 
 
 def compile_id_of(env: dict) -> str | None:

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import functools
 import gc
+import importlib.util
 import json
 import mmap
 import os
 import re
-import zlib
 from array import array
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,25 +41,12 @@ import orjson
 import polars as pl
 import pyarrow as pa
 
-try:  # the fast path; without it every trace goes through the whole-document parser
-    import msgspec
-except ImportError:  # pragma: no cover
-    msgspec = None
-
-try:  # ISA-L's inflate (the `fast` extra): about twice zlib's speed on these files; zlib otherwise
-    from isal import isal_zlib as _inflate
-
-    _INFLATE_ERRORS: tuple = (zlib.error, _inflate.error)
-except ImportError:  # pragma: no cover - depends on the install
-    _inflate = zlib
-    _INFLATE_ERRORS = (zlib.error,)
-
 try:  # the compiled chunk scanner (setup.py builds it where a C compiler is available); else msgspec decodes chunks
     from traceql.ingest import _kscan
 except ImportError:  # pragma: no cover - depends on the build
     _kscan = None
 
-from traceql.ingest import IngestError, _kineto_coll
+from traceql.ingest import IngestError, _gz, _kineto_coll
 from traceql.ingest.budget import report_progress
 from traceql.ingest.collective_names import ANNOTATION as _ANNOT
 from traceql.ingest.collective_names import arg_int as _int1
@@ -80,29 +67,6 @@ _READ_CHUNK = 1 << 22
 
 # ----------------------------------------------------------------------------------------------------------------
 # Reading and parsing
-
-
-def _read_bytes(path: Path) -> tuple[bytes, str]:
-    """The file's content (gunzipped), and a note when a gzip stream broke off (what decompressed is kept)."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    if raw[:2] != b"\x1f\x8b":
-        return raw, ""
-    d = _inflate.decompressobj(16 + zlib.MAX_WBITS)
-    parts = []
-    pos = 0
-    try:
-        while pos < len(raw):
-            parts.append(d.decompress(raw[pos : pos + _READ_CHUNK]))
-            pos += _READ_CHUNK
-            if d.eof:
-                break
-        parts.append(d.flush())
-    except _INFLATE_ERRORS as e:
-        return b"".join(parts), f"gzip stream is corrupt near compressed byte {pos} ({e})"
-    if not d.eof:
-        return b"".join(parts), f"gzip stream ends early at compressed byte {len(raw)}"
-    return b"".join(parts), ""
 
 
 _CTRL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
@@ -223,7 +187,7 @@ def _resync(data: bytes, top_is_list: bool) -> tuple[object, int, _Drops] | None
 
 
 def _parse(path: Path, source: Source) -> tuple[dict, list]:
-    data, gz_note = _read_bytes(path)
+    data, gz_note = _gz.read_all(path)
     notes = [gz_note] if gz_note else []
     if data[:2] in _UTF16_BOMS:
         try:
@@ -462,25 +426,34 @@ _ARG_KEYS = {
 }
 _COLL_ATTRS = list(_ARG_KEYS)[list(_ARG_KEYS).index("coll_name") :]
 
-if msgspec is not None:
+_HAS_MSGSPEC = importlib.util.find_spec("msgspec") is not None
+
+
+@functools.cache
+def _msgspec():
+    """msgspec, its decoder into structs that hold only the fields the tables need, and the empty args: imported on
+    the first slice that needs them (the compiled scanner takes most files whole); None where msgspec is absent."""
+    try:
+        import msgspec
+    except ImportError:  # pragma: no cover - an optional dependency at runtime
+        return None
     from typing import Any, Union
 
     # Fields the tables read are scalars: an event with a list or object there is not msgspec's (the chunk goes to
     # the dict reader, which nulls such values; deeply nested ones would take polars minutes to look at).
     _Scalar = Union[str, int, float, bool, None]
-    _Args = msgspec.defstruct(
+    args = msgspec.defstruct(
         "_Args", [(a, Any if a in _COLL_ATTRS else _Scalar, msgspec.field(default=None, name=k))
                   for a, k in _ARG_KEYS.items()], gc=False
     )
-    _Event = msgspec.defstruct(
+    event = msgspec.defstruct(
         "_Event",
         [("ph", _Scalar, None), ("cat", _Scalar, None), ("name", _Scalar, None), ("pid", _Scalar, None),
          ("tid", _Scalar, None), ("ts", _Scalar, None), ("dur", _Scalar, 0), ("id", _Scalar, None),
-         ("args", Union[_Args, None], None)],
+         ("args", Union[args, None], None)],
         gc=False,  # plain values only, no cycles: not tracked, cheaper to make and free
     )
-    _DECODER = msgspec.json.Decoder(list[_Event])
-    _NO_ARGS = _Args()
+    return msgspec, msgspec.json.Decoder(list[event]), args()
 
 # Columns each table's bucket keeps from a chunk.
 _BUCKET_COLS = {
@@ -652,7 +625,8 @@ class _Acc:
                 self.parts[b].append(build(part.select(_BUCKET_COLS[b]), self.ids, dec))
 
     def add_structs(self, i0: int, evs: list) -> None:
-        a = [e.args or _NO_ARGS for e in evs]
+        no_args = _msgspec()[2]
+        a = [e.args or no_args for e in evs]
         c = {
             "ph": [e.ph for e in evs], "cat": [e.cat for e in evs], "name": [e.name for e in evs],
             "pid": [e.pid for e in evs], "tid": [e.tid for e in evs], "ts": [e.ts for e in evs],
@@ -1012,35 +986,7 @@ def _layout(ws: bytes, sample: bytes) -> tuple[bytes, re.Pattern] | None:
     return None
 
 
-def _gunzipped(f, notes: list, size: int):
-    """Decompressed blocks of a gzip stream; a broken stream ends them with a note."""
-    d = _inflate.decompressobj(16 + zlib.MAX_WBITS)
-    pos = 0
-    total = os.fstat(f.fileno()).st_size
-    while not d.eof:
-        raw = f.read(1 << 20)
-        if not raw:
-            break
-        pos += len(raw)
-        report_progress(pos, total)
-        while raw:
-            try:
-                out = d.decompress(raw, size)
-            except _INFLATE_ERRORS as e:
-                notes.append(f"gzip stream is corrupt near compressed byte {pos} ({e})")
-                return
-            if out:
-                yield out
-            raw = d.unconsumed_tail
-            if d.eof:
-                break
-    if not d.eof:
-        notes.append(f"gzip stream ends early at compressed byte {pos}")
-
-
-def _gzipped(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
+_gzipped = _gz.gzipped
 
 
 def _blocks(path: Path, notes: list, size: int | None = None):
@@ -1054,7 +1000,7 @@ def _blocks(path: Path, notes: list, size: int | None = None):
             while block := f.read(size):
                 yield block
             return
-        gen = _gunzipped(f, notes, size)
+        gen = _gz.inflate(f, notes, size, report_progress)
         with ThreadPoolExecutor(1) as ex:
             ahead = ex.submit(next, gen, None)
             while (block := ahead.result()) is not None:
@@ -1071,10 +1017,11 @@ def _decode_chunk(buf: bytearray, end: int, acc: _Acc, i0: int) -> int | None:
         if got is not None:  # else a value or form the scanner leaves to msgspec
             return got
         acc.flush()  # the scanner's rows so far go first: tables stay in file order
+    msgspec, decoder, _ = _msgspec()
     mv = memoryview(buf)
     part = mv[:end]
     try:
-        evs = _DECODER.decode(part)
+        evs = decoder.decode(part)
     except (msgspec.DecodeError, RecursionError):  # RecursionError: nesting deeper than msgspec goes
         evs = None
     finally:
@@ -1086,7 +1033,7 @@ def _decode_chunk(buf: bytearray, end: int, acc: _Acc, i0: int) -> int | None:
         if _CTRL.search(chunk):
             chunk, n_ctrl = _escape_ctrl(chunk)
             try:
-                evs = _DECODER.decode(chunk)
+                evs = decoder.decode(chunk)
             except (msgspec.DecodeError, RecursionError):
                 pass
         if evs is None:
@@ -1219,7 +1166,7 @@ def _salvage_header(prefix: bytes, suffix: bytes) -> dict:
 
 
 def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
-    if msgspec is None:
+    if not _HAS_MSGSPEC:
         raise _Fallback("msgspec not installed")
     notes: list[str] = []
     blocks = _blocks(path, notes, _slice_bytes())
@@ -1243,8 +1190,11 @@ def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
     offset = start  # decompressed byte offset of buf[0]
     acc = _Acc()
     n = 0
+    clean = 0  # buf[:clean] holds no separator: only what came after it is searched (a file without separators
+    # would be rescanned from its start on every block, quadratic: minutes for 256 MB of zeros)
     while True:
-        cut = buf.rfind(sep)
+        cut = buf.rfind(sep, max(0, clean - len(sep) + 1))
+        clean = len(buf)
         if cut > 0:
             # buf[:cut + comma + 1] becomes a JSON list in place: "]" over the comma after the last event; then the
             # comma's place, now at the front, becomes the next chunk's "[".
@@ -1255,6 +1205,7 @@ def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
             offset += end
             del buf[:end]
             buf[0] = 0x5B
+            clean = len(buf)
         block = next(blocks, None)
         if block is None:
             break

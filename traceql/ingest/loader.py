@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 from concurrent.futures import ProcessPoolExecutor
@@ -11,7 +12,7 @@ import polars as pl
 
 from traceql import cache
 from traceql.ingest import _MODULES as _READERS
-from traceql.ingest import IngestError, budget, module_for, read_source
+from traceql.ingest import IngestError, _gz, budget, module_for, read_source
 from traceql.model import SCHEMAS, Run, Source, concat
 
 PARALLEL_MIN_BYTES = 8 << 20  # below this, process start-up costs more than it saves
@@ -107,6 +108,42 @@ def _ingest_one(source: Source, use_cache: bool, limits: budget.Budget | None = 
     return source, tables
 
 
+def _read_here(task: tuple, allowance: _gz.Allowance) -> tuple[Source, dict] | None:
+    """One source read in this process under the allowance (its format's bytes weighted, budget.STREAMED); None when
+    it inflated past it (nothing of the read is kept: the source is as it was before, for a worker to read)."""
+    source, use_cache, limits = task
+    weight = budget.STREAMED.get(source.kind, 1)
+    before = copy.deepcopy(source)
+    mine = _gz.Allowance(max(0, allowance.left) // weight)
+    start = mine.left
+    try:
+        with _gz.capped(mine):
+            out = budget.run_here(_ingest_one, source, use_cache, limits)
+    except _gz.OverCap:  # what it inflated is dropped and not charged: the allowance bounds what this process holds
+        source.__dict__.update(before.__dict__)
+        return None
+    allowance.left -= (start - mine.left) * weight
+    return out
+
+
+def _here_then_workers(tasks: list, allowance: int, jobs: int, read_progress):
+    al = _gz.Allowance(allowance)
+    later = []
+    for task in tasks:
+        out = _read_here(task, al)
+        if out is None:
+            later.append(task)
+        else:
+            yield out
+    if later:
+        yield from _in_workers(later, sum(_size(t[0]) for t in later), min(jobs, len(later)), read_progress)
+
+
+def _in_workers(tasks: list, total: int, jobs: int, read_progress):
+    workers = jobs if total >= PARALLEL_MIN_BYTES else 1  # one worker for small runs: one start, not many
+    return budget.pool().run(tasks, max(1, workers), on_progress=read_progress)
+
+
 def _size(s: Source) -> int:
     try:
         if s.path.is_dir():  # a folder source (TORCH_COMPILE_DEBUG) holds its files' bytes, not zero
@@ -175,12 +212,15 @@ def _ingest(run_path: Path, sources: list[Source], use_cache: bool, jobs: int | 
                 results.append(_ingest_one(s, False))
                 if progress:
                     progress(s)
-        if mode == "auto" and total < budget.IN_PROCESS_MAX_BYTES and threading.current_thread() is threading.main_thread():
-            # a worker's start would cost more than reading these: in-process, under the watchdog (budget.run_here)
-            done_iter = (budget.run_here(_ingest_one, s, uc, lim) for s, uc, lim in tasks)
+        allowance = None
+        if mode == "auto" and threading.current_thread() is threading.main_thread():
+            allowance = budget.in_process_allowance([t[0] for t in tasks])
+        if allowance is not None:
+            # a worker's start (~0.4 CPU s) would cost more than reading these: in-process, under the watchdog
+            # (budget.run_here) and the inflate cap; what inflates past it goes to a worker after all
+            done_iter = _here_then_workers(tasks, allowance, jobs, read_progress)
         else:
-            workers = jobs if total >= PARALLEL_MIN_BYTES else 1  # one worker for small runs: one start, not many
-            done_iter = budget.pool().run(tasks, max(1, workers), on_progress=read_progress)
+            done_iter = _in_workers(tasks, total, jobs, read_progress)
         for src, tables in done_iter:
             key = keys.get(src.id)
             if key is not None and src.status in ("ok", "partial"):

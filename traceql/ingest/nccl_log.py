@@ -17,7 +17,6 @@ searched anywhere in the line. NCCL >= 2.26 may print `[date time] host [dev]` w
 from __future__ import annotations
 
 import codecs
-import gzip
 import json
 import re
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from pathlib import Path
 import orjson
 import polars as pl
 
-from traceql.ingest import IngestError
+from traceql.ingest import IngestError, _gz
 from traceql.ingest.sniff import nccl_log as sniff  # noqa: F401  (discovery's test, kept in one place)
 from traceql.model import SCHEMAS, Source
 
@@ -864,7 +863,7 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
     expect_last_error = False
     n_lines = n_facts = 0
     try:
-        f = open_maybe_gzip(path)
+        f = _gz.open_binary(path)
     except OSError as e:
         raise IngestError(f"{path}: cannot open NCCL log ({e.strerror or e}); check the path and permissions") from e
     with f:
@@ -1052,10 +1051,3 @@ def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
     if len(hosts) == 1:
         source.host = hosts[0]
     return {"nccl_comms": comms_df, "nccl_events": events_df}
-
-
-def open_maybe_gzip(path: Path):
-    """A binary file object over the file's content, gunzipping transparently."""
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")

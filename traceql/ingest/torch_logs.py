@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import polars as pl
 
-from traceql.ingest import IngestError
+from traceql.ingest import IngestError, _gz
 from traceql.ingest._compile_common import graph_break, guard_text, wont_convert
 from traceql.ingest.compile_trace import parse_compile_id
 from traceql.ingest.sniff import torch_logs as sniff  # noqa: F401  (discovery's test, kept in one place)
@@ -67,15 +67,7 @@ def _messages(path: Path):
     cur_key = None
     cur: list[str] = []
     meta = None
-    with open(path, "rb") as fb:
-        magic = fb.read(2)
-    if magic == b"\x1f\x8b":
-        import gzip
-
-        f = gzip.open(path, "rt", encoding="utf-8", errors="replace")
-    else:
-        f = open(path, encoding="utf-8", errors="replace")
-    with f:
+    with _gz.open_text(path, encoding="utf-8", errors="replace") as f:
         try:
             for lineno, raw in enumerate(f, 1):
                 line = raw.rstrip("\n")
