@@ -39,7 +39,7 @@ from traceql import link
 from traceql.link.ranks import apply_resolution, resolve_ranks
 from traceql.link.steps import assign_steps
 from traceql.model import SCHEMAS, Run, Source, concat
-from traceql.model.derived import DERIVED
+from traceql.model.derived import DERIVED, empty
 from traceql.model.result import RuleResult
 from traceql.rules import sql_guard
 from traceql.rules.engine import run_rules
@@ -70,9 +70,10 @@ def _walk(v, found: set[str], flags: set[str]) -> None:
             _walk(x, found, flags)
 
 
-def _named_tables(rule: Rule) -> set[str]:
+def _named_tables(rule: Rule, needs: bool = True) -> set[str]:
     """The tables and views a rule names, and those the engine reads on its behalf (rules/engine.py: step_times for
-    the step_ms of every measured output, warmup_steps for a window that skips the warm-up)."""
+    the step_ms of every measured output, warmup_steps for a window that skips the warm-up). needs=False: only those
+    it reads rows of (a table named in `needs` alone is only asked whether it has rows: Run.held answers that)."""
     names: set[str] = set()
     flags: set[str] = set()
     _walk(rule.select or {}, names, flags)
@@ -82,8 +83,9 @@ def _named_tables(rule: Rule) -> set[str]:
         names.add("warmup_steps")
     if rule.sql:
         names |= sql_guard.read_tables(rule.sql)
-    for need in rule.need_sets():
-        names.update(need)
+    if needs:
+        for need in rule.need_sets():
+            names.update(need)
     names.update(getattr(rule, "uses_views", []) or [])
     return names
 
@@ -118,11 +120,22 @@ def is_per_rank(rule: Rule) -> bool:
     return all(_rank_scoped(t, views) for t in reach(rule))
 
 
+# Run-scoped tables that read rank-scoped tables of per-kernel or per-host-segment rows, too big for the driver: a
+# cluster task builds each from those tables, which stay on the workers where the rank tasks built them (plan.stay),
+# and from the driver's small tables it reads; only the table comes back. {table: the rank-scoped reads that stay}
+ON_WORKER = {"critical_path": ("path_kernels", "host_cover")}
+# the per-rank tables of a run: what a rank task never returns to the driver (tests/test_executor.py)
+BIG = ("kernels", "host_ops", "runtime", "syncs", "flows")
+
+
 @dataclass
 class Plan:
     per_rank: list[Rule]
     cross: list[Rule]
     ship: set[str]  # the tables a rank task returns: what the cross-rank stage reads, canonical or rank-scoped
+    stay: set[str] = field(default_factory=set)  # rank-scoped tables kept on the workers for the ON_WORKER tables
+    remote: set[str] = field(default_factory=set)  # the ON_WORKER tables the cross-rank stage reads
+    counted: set[str] = field(default_factory=set)  # canonical tables the cross-rank rules' needs ask about
 
 
 def plan(rules: list[Rule]) -> Plan:
@@ -131,23 +144,30 @@ def plan(rules: list[Rule]) -> Plan:
     # The cross-rank stage rebuilds run-scoped tables and views from these; nothing else leaves a rank task. Only the
     # frontier goes: a rank-scoped table is shipped built (step_times, not the kernels it was built from).
     ship: set[str] = set()
+    stay: set[str] = set()
+    remote: set[str] = set()
     # what the what-if replay reads on the driver to cost every finding (traceql.rules.causes, link.whatif)
     replay = {"step_metrics", "collective_instances", "critical_path", "collectives"} if any(r.cost for r in rules) else set()
     for r in [*cross, None] if replay else cross:
         views = getattr(r, "views", {}) or {}
-        todo, seen = list(_named_tables(r) if r is not None else replay), set()
+        todo, seen = list(_named_tables(r, needs=False) if r is not None else replay), set()
         while todo:
             t = todo.pop()
             if t in seen:
                 continue
             seen.add(t)
-            if t in SCHEMAS or (t in DERIVED and DERIVED[t].scope == "rank"):
+            if t in ON_WORKER:
+                remote.add(t)
+                stay.update(ON_WORKER[t])
+                todo.extend(x for x in DERIVED[t].reads if x not in ON_WORKER[t])
+            elif t in SCHEMAS or (t in DERIVED and DERIVED[t].scope == "rank"):
                 ship.add(t)
             elif t in DERIVED:
                 todo.extend(DERIVED[t].reads)
             elif t in views:
                 todo.extend(views[t].reads)
-    return Plan(per, cross, ship)
+    counted = {t for r in cross for need in r.need_sets() for t in need if t in SCHEMAS}
+    return Plan(per, cross, ship, stay, remote, counted)
 
 
 # ---------------------------------------------------------------- the tasks (run on Dask workers)
@@ -181,12 +201,25 @@ def meta_of(read: tuple[Source, dict]) -> Source:
 @dataclass
 class RankOutput:
     results: list[RuleResult]
-    tables: dict[str, pl.DataFrame]
+    tables: dict[str, pl.DataFrame]  # plan.ship: what the driver gets
     notes: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)  # rows of plan.counted's tables here (Run.held)
+    kept: dict[str, pl.DataFrame] | None = None  # plan.stay: read by a cluster task, never sent to the driver
+
+
+def for_driver(out: RankOutput) -> RankOutput:
+    """What of a rank task's output the driver fetches: all but the tables that stay on the workers."""
+    return RankOutput(out.results, out.tables, out.notes, out.counts, None)
+
+
+def kept_of(out: RankOutput) -> dict[str, pl.DataFrame]:
+    """What of a rank task's output stays on the workers for the ON_WORKER tables."""
+    return out.kept or {}
 
 
 def rank_task(run_path: str, sources: list[Source], assumed: list[int], lost: list[int], reads: list[tuple],
-              rules: list[Rule], overrides: dict, ship: list[str]) -> RankOutput:
+              rules: list[Rule], overrides: dict, ship: list[str], stay: list[str] = (),
+              counted: list[str] = ()) -> RankOutput:
     """Phase 2: one group of ranks linked, its per-rank rules run, the cross-rank stage's tables returned."""
     frames: dict[str, list[pl.DataFrame]] = {}
     for _, tables in reads:
@@ -203,7 +236,23 @@ def rank_task(run_path: str, sources: list[Source], assumed: list[int], lost: li
         df = link.ensure(run, name)
         if df.height:
             tables[name] = df
-    return RankOutput(results, tables, list(run.notes))
+    kept = {name: link.ensure(run, name) for name in stay}
+    counts = {name: run.table(name).height for name in counted}
+    return RankOutput(results, tables, list(run.notes), counts, kept)
+
+
+def remote_task(name: str, kept: list[dict[str, pl.DataFrame]], small: dict[str, pl.DataFrame]
+                ) -> tuple[pl.DataFrame, list[str]]:
+    """An ON_WORKER table built on a worker from the rank tasks' kept tables (in the driver's source order) and the
+    driver's small run-scoped and canonical tables it reads; only the table and its notes go back."""
+    tables = dict(small)
+    for x in ON_WORKER[name]:
+        fs = [k[x] for k in kept if x in k and k[x].height]
+        tables[x] = pl.concat(fs, how="vertical_relaxed") if fs else empty(x)
+    run = Run(path=Path("."), tables=tables)
+    df = link.ensure(run, name)
+    return df, list(run.notes)
+
 
 
 # ---------------------------------------------------------------- the driver
@@ -304,15 +353,22 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
     groups = _groups(meta_run.sources)
     tasks = []
     for i, g in enumerate(groups):
-        tasks.append((g, client.submit(rank_task, str(run_path), g, assumed, lost, [reads[s.id] for s in g if s.id in reads],
-                                       p.per_rank, overrides, sorted(p.ship), priority=len(groups) - i, pure=False)))
+        full = client.submit(rank_task, str(run_path), g, assumed, lost, [reads[s.id] for s in g if s.id in reads],
+                             p.per_rank, overrides, sorted(p.ship), sorted(p.stay), sorted(p.counted),
+                             priority=len(groups) - i, pure=False)
+        tasks.append((g, client.submit(kept_of, full, pure=False) if p.stay else None,
+                      client.submit(for_driver, full, pure=False)))
     outputs: list[RankOutput] = []
+    kept = []  # the rank tasks' futures, whose kept tables a cluster task reads (ON_WORKER)
     position = {s.id: i for i, s in enumerate(meta_run.sources)}
     # the driver's tables in source order, as the local path has them (ties between equal ranks break the same way)
-    wait([f for _, f in tasks])
-    for g, fut in sorted(tasks, key=lambda t: min(position[s.id] for s in t[0])):
+    wait([f for _, _, f in tasks])
+    reads.clear()  # the sources' tables: released on the workers once every rank task that read them is done
+    meta_futs.clear()
+    for g, full, fut in sorted(tasks, key=lambda t: min(position[s.id] for s in t[0])):
         if fut.status == "finished":
             outputs.append(fut.result())
+            kept.append(full)
             continue
         e = fut.exception()
         reason = f"its rank task failed on the Dask cluster ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"
@@ -330,6 +386,10 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
     run.notes = list(meta_run.notes)
     for o in outputs:
         run.notes.extend(n for n in o.notes if n not in run.notes)
+        for name, n in o.counts.items():
+            run.held[name] = run.held.get(name, 0) + n
+    for name in sorted(p.remote):
+        _build_on_worker(client, run, name, kept)
     cross = {r.id: res for r, res in zip(p.cross, run_rules(run, p.cross, overrides))}
     per: dict[str, list[RuleResult]] = {}
     for o in outputs:
@@ -337,3 +397,12 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
             per.setdefault(res.rule.id, []).append(res)
     results = [cross[r.id] if r.id in cross else _merge(r, per.get(r.id, [])) for r in rules]
     return run, results
+
+
+def _build_on_worker(client, run: Run, name: str, kept: list) -> None:
+    """run.tables[name] (an ON_WORKER table) built by one cluster task from the rank tasks' kept tables and the
+    driver's small tables it reads (built here first: clock offsets, matched collectives)."""
+    small = {x: link.ensure(run, x) for x in DERIVED[name].reads if x not in ON_WORKER[name]}
+    df, notes = client.submit(remote_task, name, kept, small, pure=False).result()
+    run.tables[name] = df
+    run.notes.extend(n for n in notes if n not in run.notes)
