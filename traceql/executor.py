@@ -39,7 +39,7 @@ from traceql import link
 from traceql.link.ranks import apply_resolution, resolve_ranks
 from traceql.link.steps import assign_steps
 from traceql.model import SCHEMAS, Run, Source, concat
-from traceql.model.derived import DERIVED, empty
+from traceql.model.derived import DERIVED, canonical_reads, empty
 from traceql.model.result import RuleResult
 from traceql.rules import sql_guard
 from traceql.rules.engine import run_rules
@@ -128,6 +128,53 @@ ON_WORKER = {"critical_path": ("path_kernels", "host_cover")}
 BIG = ("kernels", "host_ops", "runtime", "syncs", "flows")
 
 
+def given_tables(rule: Rule) -> set[str] | None:
+    """The run-scoped tables a rule reads that stop it from running in a rank task, where it could run there once
+    the driver has built them (None where it cannot: it compares ranks, or a run-scoped table it reads has no rank
+    column to hand each rank its own rows). Such a rule runs in a second task per rank group, on the tables that
+    stayed on the workers and the group's rows of these tables (TQL105: its ranks' waits in collective_instances)."""
+    if rule.cross_rank or (rule.select or {}).get("measure") in _COMPARING_MEASURES:
+        return None
+    views = getattr(rule, "views", {}) or {}
+    todo, seen, given = list(_named_tables(rule)), set(), set()
+    while todo:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in views:
+            todo.extend(views[t].reads)
+        elif t in DERIVED and DERIVED[t].scope == "run":
+            if "rank" not in DERIVED[t].columns or t in ON_WORKER:
+                return None
+            given.add(t)
+    return given
+
+
+def _frontier(names, views: dict, cut_run: bool) -> tuple[set[str], set[str]]:
+    """(canonical and rank-scoped tables, run-scoped tables) reached from names, stopping at both kinds."""
+    todo, seen, near, far = list(names), set(), set(), set()
+    while todo:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in SCHEMAS or (t in DERIVED and DERIVED[t].scope == "rank"):
+            near.add(t)
+        elif t in DERIVED and cut_run:
+            far.add(t)
+        elif t in DERIVED:
+            todo.extend(DERIVED[t].reads)
+        elif t in views:
+            todo.extend(views[t].reads)
+    return near, far
+
+
+def _reads_big(rule: Rule) -> bool:
+    near, _ = _frontier(_named_tables(rule, needs=False), getattr(rule, "views", {}) or {}, cut_run=True)
+    return any(t in BIG or canonical_reads(t) & set(BIG) for t in near)
+
+
 @dataclass
 class Plan:
     per_rank: list[Rule]
@@ -136,11 +183,17 @@ class Plan:
     stay: set[str] = field(default_factory=set)  # rank-scoped tables kept on the workers for the ON_WORKER tables
     remote: set[str] = field(default_factory=set)  # the ON_WORKER tables the cross-rank stage reads
     counted: set[str] = field(default_factory=set)  # canonical tables the cross-rank rules' needs ask about
+    late: list[Rule] = field(default_factory=list)  # run in a second task per rank group (given_tables)
+    given: set[str] = field(default_factory=set)  # the run-scoped tables the driver hands the late rules
 
 
 def plan(rules: list[Rule]) -> Plan:
     per = [r for r in rules if is_per_rank(r)]
-    cross = [r for r in rules if r not in per]
+    # late only where running on the driver would ship big per-rank rows (TQL105's activity intervals): a rule over
+    # small tables runs on the driver, where it sees every rank's rows as the local path does
+    late = [r for r in rules if r not in per and given_tables(r) is not None and _reads_big(r)]
+    cross = [r for r in rules if r not in per and r not in late]
+    given = {t for r in late for t in given_tables(r)}
     # The cross-rank stage rebuilds run-scoped tables and views from these; nothing else leaves a rank task. Only the
     # frontier goes: a rank-scoped table is shipped built (step_times, not the kernels it was built from).
     ship: set[str] = set()
@@ -148,6 +201,7 @@ def plan(rules: list[Rule]) -> Plan:
     remote: set[str] = set()
     # what the what-if replay reads on the driver to cost every finding (traceql.rules.causes, link.whatif)
     replay = {"step_metrics", "collective_instances", "critical_path", "collectives"} if any(r.cost for r in rules) else set()
+    replay |= given  # the driver builds the late rules' run-scoped tables from what the rank tasks ship
     for r in [*cross, None] if replay else cross:
         views = getattr(r, "views", {}) or {}
         todo, seen = list(_named_tables(r, needs=False) if r is not None else replay), set()
@@ -167,7 +221,9 @@ def plan(rules: list[Rule]) -> Plan:
             elif t in views:
                 todo.extend(views[t].reads)
     counted = {t for r in cross for need in r.need_sets() for t in need if t in SCHEMAS}
-    return Plan(per, cross, ship, stay, remote, counted)
+    for r in late:  # what the late rules read stays where the rank task built it
+        stay |= _frontier(_named_tables(r), getattr(r, "views", {}) or {}, cut_run=True)[0]
+    return Plan(per, cross, ship, stay, remote, counted, late, given)
 
 
 # ---------------------------------------------------------------- the tasks (run on Dask workers)
@@ -204,17 +260,26 @@ class RankOutput:
     tables: dict[str, pl.DataFrame]  # plan.ship: what the driver gets
     notes: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)  # rows of plan.counted's tables here (Run.held)
-    kept: dict[str, pl.DataFrame] | None = None  # plan.stay: read by a cluster task, never sent to the driver
+    kept: dict[str, pl.DataFrame] | None = None  # plan.stay: read by later tasks on the workers, never by the driver
+    ranks: list[int] = field(default_factory=list)  # the ranks this task held, as decided
 
 
 def for_driver(out: RankOutput) -> RankOutput:
     """What of a rank task's output the driver fetches: all but the tables that stay on the workers."""
-    return RankOutput(out.results, out.tables, out.notes, out.counts, None)
+    return RankOutput(out.results, out.tables, out.notes, out.counts, None, out.ranks)
 
 
-def kept_of(out: RankOutput) -> dict[str, pl.DataFrame]:
-    """What of a rank task's output stays on the workers for the ON_WORKER tables."""
-    return out.kept or {}
+def kept_of(out: RankOutput, names: list[str]) -> dict[str, pl.DataFrame]:
+    """The kept tables an ON_WORKER table reads, out of a rank task's output."""
+    return {n: df for n, df in (out.kept or {}).items() if n in names}
+
+
+def late_task(run_path: str, sources: list[Source], out: RankOutput, given: dict[str, pl.DataFrame], rules: list[Rule],
+              overrides: dict) -> list[RuleResult]:
+    """Phase 3: the late rules on one rank group, from its kept tables and its ranks' rows of the given tables."""
+    run = Run(path=Path(run_path), sources=sources, tables={**(out.kept or {}), **given})
+    run.scope = "rank"
+    return run_rules(run, rules, overrides)
 
 
 def rank_task(run_path: str, sources: list[Source], assumed: list[int], lost: list[int], reads: list[tuple],
@@ -238,7 +303,7 @@ def rank_task(run_path: str, sources: list[Source], assumed: list[int], lost: li
             tables[name] = df
     kept = {name: link.ensure(run, name) for name in stay}
     counts = {name: run.table(name).height for name in counted}
-    return RankOutput(results, tables, list(run.notes), counts, kept)
+    return RankOutput(results, tables, list(run.notes), counts, kept, run.ranks)
 
 
 def remote_task(name: str, kept: list[dict[str, pl.DataFrame]], small: dict[str, pl.DataFrame]
@@ -356,8 +421,7 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
         full = client.submit(rank_task, str(run_path), g, assumed, lost, [reads[s.id] for s in g if s.id in reads],
                              p.per_rank, overrides, sorted(p.ship), sorted(p.stay), sorted(p.counted),
                              priority=len(groups) - i, pure=False)
-        tasks.append((g, client.submit(kept_of, full, pure=False) if p.stay else None,
-                      client.submit(for_driver, full, pure=False)))
+        tasks.append((g, full, client.submit(for_driver, full, pure=False)))
     outputs: list[RankOutput] = []
     kept = []  # the rank tasks' futures, whose kept tables a cluster task reads (ON_WORKER)
     position = {s.id: i for i, s in enumerate(meta_run.sources)}
@@ -368,7 +432,7 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
     for g, full, fut in sorted(tasks, key=lambda t: min(position[s.id] for s in t[0])):
         if fut.status == "finished":
             outputs.append(fut.result())
-            kept.append(full)
+            kept.append((g, full))
             continue
         e = fut.exception()
         reason = f"its rank task failed on the Dask cluster ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"
@@ -389,11 +453,26 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
         for name, n in o.counts.items():
             run.held[name] = run.held.get(name, 0) + n
     for name in sorted(p.remote):
-        _build_on_worker(client, run, name, kept)
+        _build_on_worker(client, run, name, [client.submit(kept_of, f, list(ON_WORKER[name]), pure=False)
+                                             for _, f in kept])
+    late = []
+    if p.late:
+        given = {t: link.ensure(run, t) for t in sorted(p.given)}
+        for (g, full), o in zip(kept, outputs):
+            mine = {t: df.filter(pl.col("rank").is_in(o.ranks)) for t, df in given.items()}
+            late.append((g, client.submit(late_task, str(run_path), g, full, mine, p.late, overrides, pure=False)))
     cross = {r.id: res for r, res in zip(p.cross, run_rules(run, p.cross, overrides))}
     per: dict[str, list[RuleResult]] = {}
     for o in outputs:
         for res in o.results:
+            per.setdefault(res.rule.id, []).append(res)
+    for g, fut in late:
+        try:
+            parts = fut.result()
+        except Exception as e:  # noqa: BLE001 - a worker lost or a rule broken there: those rules' error
+            reason = f"its rank task failed on the Dask cluster ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"
+            parts = [RuleResult(r, "error", reason) for r in p.late]
+        for res in parts:
             per.setdefault(res.rule.id, []).append(res)
     results = [cross[r.id] if r.id in cross else _merge(r, per.get(r.id, [])) for r in rules]
     return run, results

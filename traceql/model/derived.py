@@ -59,7 +59,9 @@ _table(
         "(the one on the profiler clock)."
     ),
     builder="traceql.link.collectives:collective_matches",
-    scope="rank",
+    # run: the match id is a dense rank of the match keys over every rank's calls, and the grouping compares ranks'
+    # process-group names (a rank cut off early has fewer keys: built alone, its ids would shift)
+    scope="run",
     reads=["collectives"],
     columns={
         "rank": (I32, "global rank"),
