@@ -458,8 +458,10 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
     late = []
     if p.late:
         given = {t: link.ensure(run, t) for t in sorted(p.given)}
+        by_rank = {t: df.partition_by("rank", as_dict=True) for t, df in given.items()}  # one pass, not one per group
         for (g, full), o in zip(kept, outputs):
-            mine = {t: df.filter(pl.col("rank").is_in(o.ranks)) for t, df in given.items()}
+            mine = {t: pl.concat([parts[(r,)] for r in o.ranks if (r,) in parts] or [given[t].clear()])
+                    for t, parts in by_rank.items()}
             late.append((g, client.submit(late_task, str(run_path), g, full, mine, p.late, overrides, pure=False)))
     cross = {r.id: res for r, res in zip(p.cross, run_rules(run, p.cross, overrides))}
     per: dict[str, list[RuleResult]] = {}

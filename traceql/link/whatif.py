@@ -279,15 +279,22 @@ def finding_saves(run: Run, finding, spec: dict, base: pl.DataFrame) -> pl.DataF
 
 
 def finding_replay(run: Run, finding, spec: dict, base: pl.DataFrame | None = None,
-                   groups: dict[int, int] | None = None, peers: list | None = None) -> Replay | None:
+                   groups: dict[int, int] | None = None, peers: list | None = None,
+                   saves: dict | None = None) -> Replay | None:
     """The run replayed without this finding's cause. peers: the same rule's findings of the same cause on other
     ranks (same location and collapse keys): ranks run one program, so the fix removes the cause on each of them.
-    A cause acting across ranks (a late rank) is its rank's alone."""
+    A cause acting across ranks (a late rank) is its rank's alone. saves: id(finding) -> its finding_saves, kept
+    across the calls of one run (a peer's saves are the same for every finding of its group: computing them again
+    for each made the costs quadratic in the ranks)."""
     base = base_steps(run) if base is None else base
     together = [finding]
     if peers and not CAUSES[spec["removes"]]["cross_rank"]:
         together += [p for p in peers if p is not finding]
-    parts = [s for s in (finding_saves(run, f, spec, base) for f in together) if s is not None]
+    saves = {} if saves is None else saves
+    for f in together:
+        if id(f) not in saves:
+            saves[id(f)] = finding_saves(run, f, spec, base)
+    parts = [s for s in (saves[id(f)] for f in together) if s is not None]
     if not parts:
         return None
     ranks = sorted({r for f in together for r in f.ranks})
@@ -321,8 +328,9 @@ def apply_costs(run: Run, findings: list, specs: dict[str, dict], keys: dict[str
         return
     groups = sync_groups(run)
     peers = _peers(todo, keys or {})
+    saves: dict = {}
     for f in todo:
-        r = finding_replay(run, f, specs[f.rule], base, groups, peers[id(f)])
+        r = finding_replay(run, f, specs[f.rule], base, groups, peers[id(f)], saves)
         if r is None or r.cost_ms_per_step is None:
             continue
         f.cost_ms_per_step = round(r.cost_ms_per_step, 3)
@@ -337,8 +345,9 @@ def whatif_table(run: Run, findings: list, specs: dict[str, dict],
     todo = [f for f in findings if specs.get(f.rule)]
     peers = _peers(todo, keys or {})
     out = []
+    saves: dict = {}
     for f in todo:
-        r = finding_replay(run, f, specs[f.rule], base, groups, peers[id(f)])
+        r = finding_replay(run, f, specs[f.rule], base, groups, peers[id(f)], saves)
         if r is not None:
             out.append((f, r))
     measured = replay(run, _empty_save(), "measured", base, groups)
