@@ -256,7 +256,7 @@ def meta_of(read: tuple[Source, dict]) -> Source:
 
 @dataclass
 class RankOutput:
-    results: list[RuleResult]
+    results: list  # RuleResult in the task; (rule id, status, reason, findings) once for_driver took it
     tables: dict[str, pl.DataFrame]  # plan.ship: what the driver gets
     notes: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)  # rows of plan.counted's tables here (Run.held)
@@ -264,9 +264,20 @@ class RankOutput:
     ranks: list[int] = field(default_factory=list)  # the ranks this task held, as decided
 
 
+def _bare(results: list[RuleResult]) -> list[tuple]:
+    """Rule results without their Rule objects (the driver has its own): a thousand ranks' copies of the parsed rules
+    were most of the driver's memory."""
+    return [(r.rule.id, r.status, r.reason, r.findings) for r in results]
+
+
+def _dressed(bare: list[tuple], rules: dict[str, Rule]) -> list[RuleResult]:
+    return [RuleResult(rules[rid], status, reason, findings) for rid, status, reason, findings in bare]
+
+
 def for_driver(out: RankOutput) -> RankOutput:
-    """What of a rank task's output the driver fetches: all but the tables that stay on the workers."""
-    return RankOutput(out.results, out.tables, out.notes, out.counts, None, out.ranks)
+    """What of a rank task's output the driver fetches: all but the tables that stay on the workers, and the rule
+    results as (rule id, status, reason, findings)."""
+    return RankOutput(_bare(out.results), out.tables, out.notes, out.counts, None, out.ranks)
 
 
 def kept_of(out: RankOutput, names: list[str]) -> dict[str, pl.DataFrame]:
@@ -279,7 +290,7 @@ def late_task(run_path: str, sources: list[Source], out: RankOutput, given: dict
     """Phase 3: the late rules on one rank group, from its kept tables and its ranks' rows of the given tables."""
     run = Run(path=Path(run_path), sources=sources, tables={**(out.kept or {}), **given})
     run.scope = "rank"
-    return run_rules(run, rules, overrides)
+    return _bare(run_rules(run, rules, overrides))
 
 
 def rank_task(run_path: str, sources: list[Source], assumed: list[int], lost: list[int], reads: list[tuple],
@@ -416,11 +427,14 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
     assumed, lost = resolve_ranks(meta_run)
     p = plan(rules)
     groups = _groups(meta_run.sources)
+    # what every task takes, sent to the cluster once rather than pickled into each of a thousand tasks
+    per_rank, late_rules, over = (client.scatter([x], hash=False)[0] for x in (p.per_rank, p.late, overrides))
     tasks = []
     for i, g in enumerate(groups):
-        full = client.submit(rank_task, str(run_path), g, assumed, lost, [reads[s.id] for s in g if s.id in reads],
-                             p.per_rank, overrides, sorted(p.ship), sorted(p.stay), sorted(p.counted),
-                             priority=len(groups) - i, pure=False)
+        ids = {s.id for s in g}
+        full = client.submit(rank_task, str(run_path), g, [x for x in assumed if x in ids], [x for x in lost if x in ids],
+                             [reads[s.id] for s in g if s.id in reads], per_rank, over, sorted(p.ship),
+                             sorted(p.stay), sorted(p.counted), priority=len(groups) - i, pure=False)
         tasks.append((g, full, client.submit(for_driver, full, pure=False)))
     outputs: list[RankOutput] = []
     kept = []  # the rank tasks' futures, whose kept tables a cluster task reads (ON_WORKER)
@@ -462,15 +476,16 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
         for (g, full), o in zip(kept, outputs):
             mine = {t: pl.concat([parts[(r,)] for r in o.ranks if (r,) in parts] or [given[t].clear()])
                     for t, parts in by_rank.items()}
-            late.append((g, client.submit(late_task, str(run_path), g, full, mine, p.late, overrides, pure=False)))
+            late.append((g, client.submit(late_task, str(run_path), g, full, mine, late_rules, over, pure=False)))
     cross = {r.id: res for r, res in zip(p.cross, run_rules(run, p.cross, overrides))}
     per: dict[str, list[RuleResult]] = {}
+    by_id = {r.id: r for r in rules}
     for o in outputs:
-        for res in o.results:
+        for res in _dressed(o.results, by_id):
             per.setdefault(res.rule.id, []).append(res)
     for g, fut in late:
         try:
-            parts = fut.result()
+            parts = _dressed(fut.result(), by_id)
         except Exception as e:  # noqa: BLE001 - a worker lost or a rule broken there: those rules' error
             reason = f"its rank task failed on the Dask cluster ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"
             parts = [RuleResult(r, "error", reason) for r in p.late]
