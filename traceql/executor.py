@@ -11,7 +11,17 @@ all tables to this process. With a Dask scheduler the work is split the way the 
    decision, links the rows to their steps, runs every per-rank rule, and returns its rule results and the tables the
    cross-rank stage reads, and nothing else;
 4. the driver builds one run from those tables and runs the cross-rank rules (matching, clock alignment, straggler,
-   desync, divergence) on them.
+   desync, divergence) on them. Two kinds of work read per-rank rows and a cross-rank fact together, and run on the
+   workers, not the driver: the critical path (ON_WORKER: one cluster task walks it from every rank's path_kernels
+   and host_cover, kept where the rank tasks built them, and the driver's clock offsets and matched collectives) and
+   the late rules (TQL105: a second task per rank group runs them on the group's kept tables and its ranks' rows of
+   collective_instances). Rules' `needs` of a table that stayed on the workers are answered from row counts
+   (Run.held).
+
+The ship set (what reaches the driver) is source statuses, rule results without their Rule objects, findings,
+collectives, steps and step times, compile and NCCL events, and per-rank summaries (step_breakdown, comm_coverage,
+warmup_steps ...): rows per step, per collective or per event, never per kernel, host op or runtime call
+(tests/test_executor.py checks it).
 
 Which rule is per-rank is decided from declarations, never guessed: a rule runs in the rank task when it does not
 compare ranks (cross_rank, spread, distinct) and every table it reads, followed through the derived tables' `reads`

@@ -27,6 +27,10 @@ input_wait_ms, host_comm_ms and host_other_ms), measured from the start of the s
 to the end of the step's last kernel; rank_jumps counts every jump to another rank, host_jumps those through
 host-side collectives.
 
+The walk's inputs are per rank and on the rank's own clock (path_kernels: the kernels with their launch calls;
+host_cover: what the host did, as unions of intervals), so a rank task builds them where the rank was read; the
+clock offsets, a shift per rank, are applied here (traceql.executor walks the path on a worker, not the driver).
+
 Ranks without GPU activity (gloo on CPU) have no kernels: their steps have no critical path here (run.notes says
 so); their waits are in collective_instances.
 
