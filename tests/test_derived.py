@@ -148,3 +148,33 @@ def test_schema_helpers():
     assert canonical_reads("step_metrics") >= {"kernels", "collectives", "steps"}
     with pytest.raises(KeyError):
         schema("no_such_table")
+
+
+@pytest.mark.parametrize("name", ["cpu-straggler", "h200x2-straggler", "h200x2-exposed-allreduce-nsys"])
+def test_rank_scope_holds_when_ranks_differ(name):
+    """A rank cut off early (its first steps' rows gone) holds fewer keys than the others: a table built from keys
+    numbered over the whole run (a dense rank of match keys) would give it other rows alone than beside the others.
+    The symmetric fixtures above cannot show that; this run is asymmetric on purpose."""
+    base = load_run(FIXTURES / name)
+    ranks = base.ranks
+    assert len(ranks) >= 2
+    cut = ranks[-1]
+    st = base.tables["steps"].filter(pl.col("rank") == cut)
+    assert st.height >= 2, "the fixture needs steps to cut"
+    t_cut = st.sort("ts")["ts"][1]  # everything of the rank before its second step is gone
+
+    def trimmed(df: pl.DataFrame) -> pl.DataFrame:
+        if "rank" not in df.columns or "ts" not in df.columns:
+            return df
+        return df.filter((pl.col("rank") != cut) | pl.col("ts").is_null() | (pl.col("ts") >= t_cut))
+
+    tables = {k: trimmed(v) for k, v in base.tables.items()}
+    whole = Run(base.path, base.sources, dict(tables), None, [], None)
+    solo = Run(base.path, base.sources, {k: v.filter(pl.col("rank") == cut) if "rank" in v.columns else v
+                                         for k, v in tables.items()}, None, [], None)
+    for t, d in DERIVED.items():
+        if d.scope != "rank":
+            continue
+        full = link.ensure(whole, t).filter(pl.col("rank") == cut)
+        alone = link.ensure(solo, t).select(full.columns)
+        assert _rows(alone).equals(_rows(full)), f"{name}: {t} is declared scope rank but rank {cut} alone differs"

@@ -12,7 +12,7 @@ import pytest
 
 distributed = pytest.importorskip("distributed", reason="the [dask] extra is part of the test install")
 
-from traceql import executor, pipeline  # noqa: E402
+from traceql import executor, link, pipeline  # noqa: E402
 from traceql.model import SCHEMAS  # noqa: E402
 from traceql.model.derived import DERIVED  # noqa: E402
 from traceql.rules.loader import load_rules  # noqa: E402
@@ -121,3 +121,102 @@ def test_a_rank_that_cannot_be_read_becomes_an_error_source_and_the_others_go_on
 def test_a_scheduler_that_is_not_there_is_one_line():
     with pytest.raises(executor.SchedulerError, match="no such scheduler file"):
         executor.client_for("/nonexistent/scheduler.json")
+
+
+# ---------------------------------------------------------------- per-rank work stays where it ran
+
+# rows per kernel, host op, runtime call or activity interval: what a rank task must never hand the driver
+_PER_ROW = {*executor.BIG, "activity", "path_kernels", "host_cover", "blocking_calls", "gpu_idle_gaps"}
+_GPU_AND_CPU = ["h200x2-straggler", "h200x2-exposed-allreduce-nsys", "cpu-straggler", "samples/demo"]
+
+
+def _dir(name: str) -> Path:
+    return REPO / name if "/" in name else REPO / "fixtures" / name
+
+
+def test_the_ship_set_holds_no_per_row_table():
+    p = executor.plan(load_rules())
+    assert not p.ship & _PER_ROW, sorted(p.ship & _PER_ROW)
+    # what stays on the workers is what the cluster tasks read there: the critical path's inputs, the late rules'
+    assert {"path_kernels", "host_cover"} <= p.stay and p.remote == {"critical_path"}
+    for r in p.late:  # a late rule compares no ranks and gets its ranks' rows of the run-scoped tables it reads
+        assert not r.cross_rank and executor.given_tables(r) <= p.given
+
+
+def _rank_outputs(run_dir: Path) -> list:
+    """What each rank task of the run hands the driver: the Dask path's tasks called in this process, in its order."""
+    from traceql.discover import discover
+    from traceql.link.ranks import resolve_ranks
+    from traceql.model import Run, concat
+
+    rules = load_rules()
+    p = executor.plan(rules)
+    reads = {s.id: executor.read_task(str(run_dir), s, False) for s in discover(run_dir) if s.status in ("ok", "partial")}
+    metas = [r[0] for r in reads.values()]
+    meta = Run(path=run_dir, sources=metas, tables={n: concat(n, []) for n in SCHEMAS})
+    assumed, lost = resolve_ranks(meta)
+    return [executor.for_driver(executor.rank_task(str(run_dir), g, assumed, lost, [reads[s.id] for s in g], p.per_rank,
+                                                   {}, sorted(p.ship), sorted(p.stay), sorted(p.counted)))
+            for g in executor._groups(meta.sources)]
+
+
+@pytest.mark.parametrize("name", _GPU_AND_CPU)
+def test_a_rank_task_hands_the_driver_only_small_tables(name, client):
+    run_dir = _dir(name)
+    local = pipeline.check(run_dir, use_cache=False)
+    shipped = _rank_outputs(run_dir)
+    assert len(shipped) >= 2 and all(o.kept is None for o in shipped)
+    names = {n for o in shipped for n in o.tables}
+    assert "collectives" in names and not names & _PER_ROW, sorted(names & _PER_ROW)
+    # small: the shipped rows are per step, per collective, per compile or NCCL event, never per kernel or op
+    per_row = sum(local.run.table(t).height for t in ("kernels", "host_ops", "runtime"))
+    assert sum(df.height for o in shipped for df in o.tables.values()) < per_row / 2
+    # the driver of the Dask path gives the local answers, holds no per-row table, and its critical path, built on
+    # a worker from what stayed there, is the local one
+    dask = pipeline.check(run_dir, use_cache=False, scheduler=client)
+    assert _answers(dask) == _answers(local)
+    assert all(dask.run.table(t).height == 0 for t in executor.BIG)
+    lc, dc = (link.ensure(r.run, "critical_path") for r in (local, dask))
+    assert dc.sort("step").equals(lc.sort("step"))
+    if name.startswith("h200"):
+        assert dc.height > 0
+
+
+def _synthetic(src: Path, dst: Path, n: int) -> Path:
+    """n ranks from a real two-rank capture: rank r is a copy of the capture's rank r % 2 with its rank rewritten
+    (the way benchmarks/scale.py builds its runs)."""
+    import gzip
+
+    docs = [json.loads(gzip.decompress(p.read_bytes())) for p in sorted(src.glob("rank*.pt.trace.json.gz"))]
+    dst.mkdir()
+    for r in range(n):
+        doc = docs[r % len(docs)]
+        doc["distributedInfo"] = {**doc.get("distributedInfo", {}), "rank": r, "world_size": n}
+        (dst / f"rank{r}.pt.trace.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode(), 1))
+    return dst
+
+
+def test_one_unreadable_rank_among_many_on_the_dask_path(tmp_path, client):
+    run = _synthetic(REPO / "fixtures" / "cpu-straggler", tmp_path / "run", 16)
+    whole = pipeline.check(run, use_cache=False, scheduler=client)
+    import gzip
+
+    # rank 5 unreadable (a trace that breaks before its first complete event), rank 9 cut off half-way (salvaged)
+    (run / "rank5.pt.trace.json.gz").write_bytes(gzip.compress(b'{"traceEvents": [' + b'{"ph": "X", ' * 10))
+    cut = (run / "rank9.pt.trace.json.gz").read_bytes()
+    (run / "rank9.pt.trace.json.gz").write_bytes(cut[: len(cut) // 2])
+    local = pipeline.check(run, use_cache=False)
+    dask = pipeline.check(run, use_cache=False, scheduler=client)
+    assert _answers(dask) == _answers(local)
+    status = {s.path.name: s.status for s in dask.run.sources}
+    assert status["rank5.pt.trace.json.gz"] == "error" and status["rank9.pt.trace.json.gz"] == "partial"
+    assert sum(v == "ok" for v in status.values()) == 14
+    assert sorted(dask.run.ranks) == [r for r in range(16) if r != 5]
+    # the other ranks' findings stay: every per-rank finding of the whole run on an intact rank is still there (a
+    # cross-rank one may change: the medians across ranks lost a rank)
+    per_rank = {r.id for r in executor.plan(load_rules()).per_rank}
+    kept = {f.fingerprint for f in dask.findings}
+    others = [f for f in whole.findings if f.rule in per_rank and not {5, 9} & set(f.ranks)]
+    assert others and all(f.fingerprint in kept for f in others)
+    # and the exit status says what the local path says
+    assert dask.verdict(run, "warning") == local.verdict(run, "warning")

@@ -11,7 +11,17 @@ all tables to this process. With a Dask scheduler the work is split the way the 
    decision, links the rows to their steps, runs every per-rank rule, and returns its rule results and the tables the
    cross-rank stage reads, and nothing else;
 4. the driver builds one run from those tables and runs the cross-rank rules (matching, clock alignment, straggler,
-   desync, divergence) on them.
+   desync, divergence) on them. Two kinds of work read per-rank rows and a cross-rank fact together, and run on the
+   workers, not the driver: the critical path (ON_WORKER: one cluster task walks it from every rank's path_kernels
+   and host_cover, kept where the rank tasks built them, and the driver's clock offsets and matched collectives) and
+   the late rules (TQL105: a second task per rank group runs them on the group's kept tables and its ranks' rows of
+   collective_instances). Rules' `needs` of a table that stayed on the workers are answered from row counts
+   (Run.held).
+
+The ship set (what reaches the driver) is source statuses, rule results without their Rule objects, findings,
+collectives, steps and step times, compile and NCCL events, and per-rank summaries (step_breakdown, comm_coverage,
+warmup_steps ...): rows per step, per collective or per event, never per kernel, host op or runtime call
+(tests/test_executor.py checks it).
 
 Which rule is per-rank is decided from declarations, never guessed: a rule runs in the rank task when it does not
 compare ranks (cross_rank, spread, distinct) and every table it reads, followed through the derived tables' `reads`
@@ -39,7 +49,7 @@ from traceql import link
 from traceql.link.ranks import apply_resolution, resolve_ranks
 from traceql.link.steps import assign_steps
 from traceql.model import SCHEMAS, Run, Source, concat
-from traceql.model.derived import DERIVED
+from traceql.model.derived import DERIVED, canonical_reads, empty
 from traceql.model.result import RuleResult
 from traceql.rules import sql_guard
 from traceql.rules.engine import run_rules
@@ -70,9 +80,10 @@ def _walk(v, found: set[str], flags: set[str]) -> None:
             _walk(x, found, flags)
 
 
-def _named_tables(rule: Rule) -> set[str]:
+def _named_tables(rule: Rule, needs: bool = True) -> set[str]:
     """The tables and views a rule names, and those the engine reads on its behalf (rules/engine.py: step_times for
-    the step_ms of every measured output, warmup_steps for a window that skips the warm-up)."""
+    the step_ms of every measured output, warmup_steps for a window that skips the warm-up). needs=False: only those
+    it reads rows of (a table named in `needs` alone is only asked whether it has rows: Run.held answers that)."""
     names: set[str] = set()
     flags: set[str] = set()
     _walk(rule.select or {}, names, flags)
@@ -82,8 +93,9 @@ def _named_tables(rule: Rule) -> set[str]:
         names.add("warmup_steps")
     if rule.sql:
         names |= sql_guard.read_tables(rule.sql)
-    for need in rule.need_sets():
-        names.update(need)
+    if needs:
+        for need in rule.need_sets():
+            names.update(need)
     names.update(getattr(rule, "uses_views", []) or [])
     return names
 
@@ -118,36 +130,110 @@ def is_per_rank(rule: Rule) -> bool:
     return all(_rank_scoped(t, views) for t in reach(rule))
 
 
+# Run-scoped tables that read rank-scoped tables of per-kernel or per-host-segment rows, too big for the driver: a
+# cluster task builds each from those tables, which stay on the workers where the rank tasks built them (plan.stay),
+# and from the driver's small tables it reads; only the table comes back. {table: the rank-scoped reads that stay}
+ON_WORKER = {"critical_path": ("path_kernels", "host_cover")}
+# the per-rank tables of a run: what a rank task never returns to the driver (tests/test_executor.py)
+BIG = ("kernels", "host_ops", "runtime", "syncs", "flows")
+
+
+def given_tables(rule: Rule) -> set[str] | None:
+    """The run-scoped tables a rule reads that stop it from running in a rank task, where it could run there once
+    the driver has built them (None where it cannot: it compares ranks, or a run-scoped table it reads has no rank
+    column to hand each rank its own rows). Such a rule runs in a second task per rank group, on the tables that
+    stayed on the workers and the group's rows of these tables (TQL105: its ranks' waits in collective_instances)."""
+    if rule.cross_rank or (rule.select or {}).get("measure") in _COMPARING_MEASURES:
+        return None
+    views = getattr(rule, "views", {}) or {}
+    todo, seen, given = list(_named_tables(rule)), set(), set()
+    while todo:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in views:
+            todo.extend(views[t].reads)
+        elif t in DERIVED and DERIVED[t].scope == "run":
+            if "rank" not in DERIVED[t].columns or t in ON_WORKER:
+                return None
+            given.add(t)
+    return given
+
+
+def _frontier(names, views: dict, cut_run: bool) -> tuple[set[str], set[str]]:
+    """(canonical and rank-scoped tables, run-scoped tables) reached from names, stopping at both kinds."""
+    todo, seen, near, far = list(names), set(), set(), set()
+    while todo:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in SCHEMAS or (t in DERIVED and DERIVED[t].scope == "rank"):
+            near.add(t)
+        elif t in DERIVED and cut_run:
+            far.add(t)
+        elif t in DERIVED:
+            todo.extend(DERIVED[t].reads)
+        elif t in views:
+            todo.extend(views[t].reads)
+    return near, far
+
+
+def _reads_big(rule: Rule) -> bool:
+    near, _ = _frontier(_named_tables(rule, needs=False), getattr(rule, "views", {}) or {}, cut_run=True)
+    return any(t in BIG or canonical_reads(t) & set(BIG) for t in near)
+
+
 @dataclass
 class Plan:
     per_rank: list[Rule]
     cross: list[Rule]
     ship: set[str]  # the tables a rank task returns: what the cross-rank stage reads, canonical or rank-scoped
+    stay: set[str] = field(default_factory=set)  # rank-scoped tables kept on the workers for the ON_WORKER tables
+    remote: set[str] = field(default_factory=set)  # the ON_WORKER tables the cross-rank stage reads
+    counted: set[str] = field(default_factory=set)  # canonical tables the cross-rank rules' needs ask about
+    late: list[Rule] = field(default_factory=list)  # run in a second task per rank group (given_tables)
+    given: set[str] = field(default_factory=set)  # the run-scoped tables the driver hands the late rules
 
 
 def plan(rules: list[Rule]) -> Plan:
     per = [r for r in rules if is_per_rank(r)]
-    cross = [r for r in rules if r not in per]
+    # late only where running on the driver would ship big per-rank rows (TQL105's activity intervals): a rule over
+    # small tables runs on the driver, where it sees every rank's rows as the local path does
+    late = [r for r in rules if r not in per and given_tables(r) is not None and _reads_big(r)]
+    cross = [r for r in rules if r not in per and r not in late]
+    given = {t for r in late for t in given_tables(r)}
     # The cross-rank stage rebuilds run-scoped tables and views from these; nothing else leaves a rank task. Only the
     # frontier goes: a rank-scoped table is shipped built (step_times, not the kernels it was built from).
     ship: set[str] = set()
+    stay: set[str] = set()
+    remote: set[str] = set()
     # what the what-if replay reads on the driver to cost every finding (traceql.rules.causes, link.whatif)
     replay = {"step_metrics", "collective_instances", "critical_path", "collectives"} if any(r.cost for r in rules) else set()
+    replay |= given  # the driver builds the late rules' run-scoped tables from what the rank tasks ship
     for r in [*cross, None] if replay else cross:
         views = getattr(r, "views", {}) or {}
-        todo, seen = list(_named_tables(r) if r is not None else replay), set()
+        todo, seen = list(_named_tables(r, needs=False) if r is not None else replay), set()
         while todo:
             t = todo.pop()
             if t in seen:
                 continue
             seen.add(t)
-            if t in SCHEMAS or (t in DERIVED and DERIVED[t].scope == "rank"):
+            if t in ON_WORKER:
+                remote.add(t)
+                stay.update(ON_WORKER[t])
+                todo.extend(x for x in DERIVED[t].reads if x not in ON_WORKER[t])
+            elif t in SCHEMAS or (t in DERIVED and DERIVED[t].scope == "rank"):
                 ship.add(t)
             elif t in DERIVED:
                 todo.extend(DERIVED[t].reads)
             elif t in views:
                 todo.extend(views[t].reads)
-    return Plan(per, cross, ship)
+    counted = {t for r in cross for need in r.need_sets() for t in need if t in SCHEMAS}
+    for r in late:  # what the late rules read stays where the rank task built it
+        stay |= _frontier(_named_tables(r), getattr(r, "views", {}) or {}, cut_run=True)[0]
+    return Plan(per, cross, ship, stay, remote, counted, late, given)
 
 
 # ---------------------------------------------------------------- the tasks (run on Dask workers)
@@ -180,13 +266,46 @@ def meta_of(read: tuple[Source, dict]) -> Source:
 
 @dataclass
 class RankOutput:
-    results: list[RuleResult]
-    tables: dict[str, pl.DataFrame]
+    results: list  # RuleResult in the task; (rule id, status, reason, findings) once for_driver took it
+    tables: dict[str, pl.DataFrame]  # plan.ship: what the driver gets
     notes: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)  # rows of plan.counted's tables here (Run.held)
+    kept: dict[str, pl.DataFrame] | None = None  # plan.stay: read by later tasks on the workers, never by the driver
+    ranks: list[int] = field(default_factory=list)  # the ranks this task held, as decided
+
+
+def _bare(results: list[RuleResult]) -> list[tuple]:
+    """Rule results without their Rule objects (the driver has its own): a thousand ranks' copies of the parsed rules
+    were most of the driver's memory."""
+    return [(r.rule.id, r.status, r.reason, r.findings) for r in results]
+
+
+def _dressed(bare: list[tuple], rules: dict[str, Rule]) -> list[RuleResult]:
+    return [RuleResult(rules[rid], status, reason, findings) for rid, status, reason, findings in bare]
+
+
+def for_driver(out: RankOutput) -> RankOutput:
+    """What of a rank task's output the driver fetches: all but the tables that stay on the workers, and the rule
+    results as (rule id, status, reason, findings)."""
+    return RankOutput(_bare(out.results), out.tables, out.notes, out.counts, None, out.ranks)
+
+
+def kept_of(out: RankOutput, names: list[str]) -> dict[str, pl.DataFrame]:
+    """The kept tables an ON_WORKER table reads, out of a rank task's output."""
+    return {n: df for n, df in (out.kept or {}).items() if n in names}
+
+
+def late_task(run_path: str, sources: list[Source], out: RankOutput, given: dict[str, pl.DataFrame], rules: list[Rule],
+              overrides: dict) -> list[RuleResult]:
+    """Phase 3: the late rules on one rank group, from its kept tables and its ranks' rows of the given tables."""
+    run = Run(path=Path(run_path), sources=sources, tables={**(out.kept or {}), **given})
+    run.scope = "rank"
+    return _bare(run_rules(run, rules, overrides))
 
 
 def rank_task(run_path: str, sources: list[Source], assumed: list[int], lost: list[int], reads: list[tuple],
-              rules: list[Rule], overrides: dict, ship: list[str]) -> RankOutput:
+              rules: list[Rule], overrides: dict, ship: list[str], stay: list[str] = (),
+              counted: list[str] = ()) -> RankOutput:
     """Phase 2: one group of ranks linked, its per-rank rules run, the cross-rank stage's tables returned."""
     frames: dict[str, list[pl.DataFrame]] = {}
     for _, tables in reads:
@@ -203,7 +322,23 @@ def rank_task(run_path: str, sources: list[Source], assumed: list[int], lost: li
         df = link.ensure(run, name)
         if df.height:
             tables[name] = df
-    return RankOutput(results, tables, list(run.notes))
+    kept = {name: link.ensure(run, name) for name in stay}
+    counts = {name: run.table(name).height for name in counted}
+    return RankOutput(results, tables, list(run.notes), counts, kept, run.ranks)
+
+
+def remote_task(name: str, kept: list[dict[str, pl.DataFrame]], small: dict[str, pl.DataFrame]
+                ) -> tuple[pl.DataFrame, list[str]]:
+    """An ON_WORKER table built on a worker from the rank tasks' kept tables (in the driver's source order) and the
+    driver's small run-scoped and canonical tables it reads; only the table and its notes go back."""
+    tables = dict(small)
+    for x in ON_WORKER[name]:
+        fs = [k[x] for k in kept if x in k and k[x].height]
+        tables[x] = pl.concat(fs, how="vertical_relaxed") if fs else empty(x)
+    run = Run(path=Path("."), tables=tables)
+    df = link.ensure(run, name)
+    return df, list(run.notes)
+
 
 
 # ---------------------------------------------------------------- the driver
@@ -302,17 +437,26 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
     assumed, lost = resolve_ranks(meta_run)
     p = plan(rules)
     groups = _groups(meta_run.sources)
+    # what every task takes, sent to the cluster once rather than pickled into each of a thousand tasks
+    per_rank, late_rules, over = (client.scatter([x], hash=False)[0] for x in (p.per_rank, p.late, overrides))
     tasks = []
     for i, g in enumerate(groups):
-        tasks.append((g, client.submit(rank_task, str(run_path), g, assumed, lost, [reads[s.id] for s in g if s.id in reads],
-                                       p.per_rank, overrides, sorted(p.ship), priority=len(groups) - i, pure=False)))
+        ids = {s.id for s in g}
+        full = client.submit(rank_task, str(run_path), g, [x for x in assumed if x in ids], [x for x in lost if x in ids],
+                             [reads[s.id] for s in g if s.id in reads], per_rank, over, sorted(p.ship),
+                             sorted(p.stay), sorted(p.counted), priority=len(groups) - i, pure=False)
+        tasks.append((g, full, client.submit(for_driver, full, pure=False)))
     outputs: list[RankOutput] = []
+    kept = []  # the rank tasks' futures, whose kept tables a cluster task reads (ON_WORKER)
     position = {s.id: i for i, s in enumerate(meta_run.sources)}
     # the driver's tables in source order, as the local path has them (ties between equal ranks break the same way)
-    wait([f for _, f in tasks])
-    for g, fut in sorted(tasks, key=lambda t: min(position[s.id] for s in t[0])):
+    wait([f for _, _, f in tasks])
+    reads.clear()  # the sources' tables: released on the workers once every rank task that read them is done
+    meta_futs.clear()
+    for g, full, fut in sorted(tasks, key=lambda t: min(position[s.id] for s in t[0])):
         if fut.status == "finished":
             outputs.append(fut.result())
+            kept.append((g, full))
             continue
         e = fut.exception()
         reason = f"its rank task failed on the Dask cluster ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"
@@ -330,10 +474,41 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
     run.notes = list(meta_run.notes)
     for o in outputs:
         run.notes.extend(n for n in o.notes if n not in run.notes)
+        for name, n in o.counts.items():
+            run.held[name] = run.held.get(name, 0) + n
+    for name in sorted(p.remote):
+        _build_on_worker(client, run, name, [client.submit(kept_of, f, list(ON_WORKER[name]), pure=False)
+                                             for _, f in kept])
+    late = []
+    if p.late:
+        given = {t: link.ensure(run, t) for t in sorted(p.given)}
+        by_rank = {t: df.partition_by("rank", as_dict=True) for t, df in given.items()}  # one pass, not one per group
+        for (g, full), o in zip(kept, outputs):
+            mine = {t: pl.concat([parts[(r,)] for r in o.ranks if (r,) in parts] or [given[t].clear()])
+                    for t, parts in by_rank.items()}
+            late.append((g, client.submit(late_task, str(run_path), g, full, mine, late_rules, over, pure=False)))
     cross = {r.id: res for r, res in zip(p.cross, run_rules(run, p.cross, overrides))}
     per: dict[str, list[RuleResult]] = {}
+    by_id = {r.id: r for r in rules}
     for o in outputs:
-        for res in o.results:
+        for res in _dressed(o.results, by_id):
+            per.setdefault(res.rule.id, []).append(res)
+    for g, fut in late:
+        try:
+            parts = _dressed(fut.result(), by_id)
+        except Exception as e:  # noqa: BLE001 - a worker lost or a rule broken there: those rules' error
+            reason = f"its rank task failed on the Dask cluster ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"
+            parts = [RuleResult(r, "error", reason) for r in p.late]
+        for res in parts:
             per.setdefault(res.rule.id, []).append(res)
     results = [cross[r.id] if r.id in cross else _merge(r, per.get(r.id, [])) for r in rules]
     return run, results
+
+
+def _build_on_worker(client, run: Run, name: str, kept: list) -> None:
+    """run.tables[name] (an ON_WORKER table) built by one cluster task from the rank tasks' kept tables and the
+    driver's small tables it reads (built here first: clock offsets, matched collectives)."""
+    small = {x: link.ensure(run, x) for x in DERIVED[name].reads if x not in ON_WORKER[name]}
+    df, notes = client.submit(remote_task, name, kept, small, pure=False).result()
+    run.tables[name] = df
+    run.notes.extend(n for n in notes if n not in run.notes)

@@ -27,6 +27,10 @@ input_wait_ms, host_comm_ms and host_other_ms), measured from the start of the s
 to the end of the step's last kernel; rank_jumps counts every jump to another rank, host_jumps those through
 host-side collectives.
 
+The walk's inputs are per rank and on the rank's own clock (path_kernels: the kernels with their launch calls;
+host_cover: what the host did, as unions of intervals), so a rank task builds them where the rank was read; the
+clock offsets, a shift per rank, are applied here (traceql.executor walks the path on a worker, not the driver).
+
 Ranks without GPU activity (gloo on CPU) have no kernels: their steps have no critical path here (run.notes says
 so); their waits are in collective_instances.
 
@@ -55,22 +59,66 @@ def _note(run: Run, text: str) -> None:
         run.notes.append(text)
 
 
-def _kernels_aligned(run: Run) -> pl.DataFrame:
-    from traceql.link import clock, ensure
+PATH_KERNELS_SCHEMA = {"rank": pl.Int32, "source": pl.Int32, "device": pl.Int32, "name": pl.Utf8, "kind": pl.Utf8,
+                       "ts": pl.Int64, "end": pl.Int64, "step": pl.Int64, "launch_ts": pl.Int64, "launch_end": pl.Int64}
+HOST_COVER_SCHEMA = {"rank": pl.Int32, "cover": pl.Utf8, "seg_ts": pl.Int64, "seg_end": pl.Int64}
 
+
+def path_kernels(run: Run) -> pl.DataFrame:
+    """The walk's per-rank input, on the rank's own clock: every timed kernel with the columns the walk reads and its
+    launch call's start and end. A rank's rows need only its own kernels and runtime calls, so a rank task builds
+    them where the rank was read (traceql.executor) and the kernels and runtime tables never travel; the clock
+    offsets are a shift per rank, applied where the path is walked."""
     # the columns the walk reads: filtering and joining the wide kernel table would copy every column
     k = run.table("kernels").select("rank", "source", "device", "name", "kind", "ts", "end", "correlation", "step")
     k = k.filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("rank").is_not_null())
     if k.height == 0:
-        return k
+        return pl.DataFrame(schema=PATH_KERNELS_SCHEMA)
     k = k.with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32))
-    rt = run.table("runtime").select("rank", "source", "correlation", "pid", "ts", "end").filter(pl.col("correlation").is_not_null()).select(
-        pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "correlation", "pid",
+    rt = run.table("runtime").select("rank", "source", "correlation", "ts", "end").filter(pl.col("correlation").is_not_null()).select(
+        pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "correlation",
         pl.col("ts").alias("launch_ts"), pl.col("end").alias("launch_end"))
-    k = first_match(k, rt.drop("pid"), ["rank", "source", "correlation"])
-    if run.has("collectives"):
-        offsets = ensure(run, "clock_offsets")
-        k = clock.align(k, offsets, ["ts", "end", "launch_ts", "launch_end"])
+    k = first_match(k, rt, ["rank", "source", "correlation"])
+    return k.select([pl.col(c).cast(t) for c, t in PATH_KERNELS_SCHEMA.items()])
+
+
+def host_cover(run: Run) -> pl.DataFrame:
+    """What each rank's host did, as disjoint segments on the rank's own clock (the walk's host gaps read them):
+    DataLoader fetches (loader), blocking sync calls (sync), any recorded op below the step ranges or runtime call
+    (ops), and host-side collectives with no GPU kernel (host_comm, gloo). A union of intervals shifted by a rank's
+    clock offset is the shifted union, so a rank task builds these from its own host ops and runtime calls."""
+    from traceql import intervals
+    from traceql.link.input_pipeline import LOADER_NEXT
+
+    rt = run.table("runtime")
+    covers = {
+        "loader": run.table("host_ops").filter(pl.col("name").str.contains(LOADER_NEXT)).select("rank", "ts", "end"),
+        "sync": rt.filter((pl.col("kind") == "sync") & ~pl.col("name").str.contains("Query")).select("rank", "ts", "end"),
+        # the host's own work: any op or range, and runtime calls (launches); outside all of them the host ran
+        # code the profiler did not record (Python between ops, a sleep, another library)
+        # (not the ranges that hold a whole step: ProfilerStep#N, the profiler's own range, a "train" NVTX range)
+        "ops": pl.concat([_below_steps(run).select("rank", "ts", "end"), rt.select("rank", "ts", "end")]),
+        # host-side collectives: calls with no GPU kernel (gloo), as collective_matches defines host_only
+        "host_comm": run.table("collectives").filter(pl.col("kernel_ts").is_null() & pl.col("kernel_end").is_null())
+        .select("rank", "ts", "end"),
+    }
+    parts = []
+    for name, df in covers.items():
+        df = df.filter(pl.col("rank").is_not_null() & pl.col("ts").is_not_null() & pl.col("end").is_not_null()) \
+            .with_columns(pl.col("rank").cast(pl.Int32))
+        if df.height:
+            parts.append(intervals.segments(df, ["rank"]).select("rank", pl.lit(name).alias("cover"), "seg_ts", "seg_end"))
+    if not parts:
+        return pl.DataFrame(schema=HOST_COVER_SCHEMA)
+    return pl.concat([p.select([pl.col(c).cast(t) for c, t in HOST_COVER_SCHEMA.items()]) for p in parts])
+
+
+def _kernels_aligned(run: Run) -> pl.DataFrame:
+    from traceql.link import clock, ensure
+
+    k = ensure(run, "path_kernels")
+    if k.height and run.has("collectives"):
+        k = clock.align(k, ensure(run, "clock_offsets"), ["ts", "end", "launch_ts", "launch_end"])
     return k
 
 
@@ -87,8 +135,7 @@ def _collective_waits(run: Run, k: pl.DataFrame) -> dict[int, tuple[int, int]]:
         return {}
     ki = k.with_row_index("_row").select("_row", "rank", "source", "kind", pl.col("ts").alias("_ats"))
     # collective kernel start on the raw clock (collectives.kernel_ts) -> aligned kernel row
-    raw = run.table("kernels").select("rank", "source", "kind", "ts", "end").filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("rank").is_not_null()) \
-        .with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32)).with_row_index("_row") \
+    raw = ensure(run, "path_kernels").select("rank", "source", "kind", "ts").with_row_index("_row") \
         .filter(pl.col("kind") == "comm").select("_row", "rank", "source", pl.col("ts").alias("kernel_ts"))
     mk = m.select("rank", "source", "match_id", "kernel_ts").join(raw, on=["rank", "source", "kernel_ts"], how="inner") \
         .unique(["rank", "match_id"], keep="first").join(ci, on=["rank", "match_id"], how="inner").filter(pl.col("n_ranks") >= 2)
@@ -160,30 +207,12 @@ class _HostView:
     and each rank's kernels by end time, to go on from a rank the path jumps to."""
 
     def __init__(self, run: Run, k: pl.DataFrame):
-        from traceql import intervals
         from traceql.link import clock, ensure
-        from traceql.link.input_pipeline import LOADER_NEXT
 
-        offsets = ensure(run, "clock_offsets") if run.has("collectives") else None
-
-        def aligned(df: pl.DataFrame) -> pl.DataFrame:
-            df = df.filter(pl.col("rank").is_not_null() & pl.col("ts").is_not_null() & pl.col("end").is_not_null()) \
-                .with_columns(pl.col("rank").cast(pl.Int32))
-            return clock.align(df, offsets, ["ts", "end"]) if offsets is not None and df.height else df
-
-        loader = aligned(run.table("host_ops").filter(pl.col("name").str.contains(LOADER_NEXT)).select("rank", "ts", "end"))
-        syncs = aligned(run.table("runtime").filter((pl.col("kind") == "sync") & ~pl.col("name").str.contains("Query"))
-                        .select("rank", "ts", "end"))
-        self.loader = self._cover(intervals, loader)
-        self.syncs = self._cover(intervals, syncs)
-        # host-side collectives: calls with no GPU kernel (gloo), as collective_matches defines host_only
-        # the host's own work: any op or range, and runtime calls (launches); outside all of them the host ran
-        # code the profiler did not record (Python between ops, a sleep, another library)
-        # (not the ranges that hold a whole step: ProfilerStep#N, the profiler's own range, a "train" NVTX range)
-        ops = pl.concat([_below_steps(run).select("rank", "ts", "end"), run.table("runtime").select("rank", "ts", "end")])
-        self.ops = self._cover(intervals, aligned(ops))
-        hc = run.table("collectives").filter(pl.col("kernel_ts").is_null() & pl.col("kernel_end").is_null()).select("rank", "ts", "end")
-        self.host_comm = self._cover(intervals, aligned(hc))
+        cov = ensure(run, "host_cover")
+        if run.has("collectives") and cov.height:
+            cov = clock.align(cov, ensure(run, "clock_offsets"), ["seg_ts", "seg_end"])
+        self.loader, self.syncs, self.ops, self.host_comm = (self._cover(cov, c) for c in ("loader", "sync", "ops", "host_comm"))
         self.waits: dict[int, tuple[list[int], list[tuple[int, int]]]] = {}
         if run.has("collectives"):
             ci = ensure(run, "collective_instances").filter(
@@ -196,12 +225,10 @@ class _HostView:
                        for (r,), g in kk.partition_by("rank", as_dict=True, maintain_order=True).items()}
 
     @staticmethod
-    def _cover(intervals, df: pl.DataFrame) -> dict[int, tuple[list[int], list[int], list[int]]]:
-        """rank -> the union of df's intervals as sorted starts, ends and the covered time before each."""
+    def _cover(cov: pl.DataFrame, name: str) -> dict[int, tuple[list[int], list[int], list[int]]]:
+        """rank -> one of host_cover's unions as sorted starts, ends and the covered time before each."""
         out = {}
-        if df.height == 0:
-            return out
-        seg = intervals.segments(df, ["rank"]).sort("rank", "seg_ts")
+        seg = cov.filter(pl.col("cover") == name).sort("rank", "seg_ts")
         for (r,), g in seg.partition_by("rank", as_dict=True, maintain_order=True).items():
             st, en = g["seg_ts"].to_list(), g["seg_end"].to_list()
             cum, c = [], 0
@@ -467,4 +494,4 @@ def launch_bound(run: Run) -> pl.DataFrame:
     return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort(per)
 
 
-DERIVED = {"critical_path": critical_path, "exposed_comm": exposed_comm, "launch_bound": launch_bound}
+DERIVED = {"path_kernels": path_kernels, "host_cover": host_cover, "critical_path": critical_path, "exposed_comm": exposed_comm, "launch_bound": launch_bound}

@@ -30,12 +30,15 @@ _PER = ["rank", "step"]
 _NO_STEP = -1  # sentinel for "the whole trace" of a rank without steps, so it groups like a step
 
 
-def _comm_coverage(run: Run, ranks_with_steps: set) -> pl.DataFrame:
+def comm_coverage(run: Run) -> pl.DataFrame:
     """Per rank and step: activity comm against compute, as TQL101's exposed measure computes it (per rank, step,
-    side and source); where a rank has two sources (two clocks), the one with the most communication is kept."""
+    side and source); where a rank has two sources (two clocks), the one with the most communication is kept. A rank
+    without steps has one row, step _NO_STEP, for its whole trace. step_metrics' per-rank half: a rank task builds it
+    where the rank was read, so that the activity intervals never leave it (traceql.executor)."""
     from traceql.link import ensure
     from traceql import intervals as measures
 
+    ranks_with_steps = set(ensure(run, "step_times")["rank"].drop_nulls().to_list())
     a = ensure(run, "activity")
     cols = {"rank": pl.Int32, "step": pl.Int64, "side": pl.Utf8, "comm_ms": pl.Float64, "compute_ms": pl.Float64,
             "overlap_ms": pl.Float64, "exposed_comm_ms": pl.Float64, "comm_comp_overlap_pct": pl.Float64}
@@ -68,7 +71,7 @@ def step_metrics(run: Run) -> pl.DataFrame:
     bd = ensure(run, "step_breakdown").select(
         pl.col("rank").cast(pl.Int32), pl.col("step").fill_null(_NO_STEP).cast(pl.Int64), pl.col("gpu_span_ms").alias("_bd_span"),
         pl.col("busy_ms").alias("gpu_busy_ms"), pl.col("compute_ms").alias("_bd_compute"), pl.col("idle_ms").alias("gpu_idle_ms"), "kernel_time_ms", "kernels")
-    cov = _comm_coverage(run, ranks_with_steps)
+    cov = ensure(run, "comm_coverage")
     bal = ensure(run, "step_balance").select(pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int64), "wait_ms")
     # the rows: every step of every rank, plus the whole trace of ranks without steps that have activity
     no_step = sorted(({*bd["rank"].to_list(), *cov["rank"].to_list()}) - ranks_with_steps)
@@ -96,4 +99,4 @@ def step_metrics(run: Run) -> pl.DataFrame:
     return out.select([pl.col(c).cast(t) for c, t in SCHEMA.items()]).sort(_PER, nulls_last=True)
 
 
-DERIVED = {"step_metrics": step_metrics}
+DERIVED = {"comm_coverage": comm_coverage, "step_metrics": step_metrics}

@@ -295,13 +295,20 @@ def _together(finding, spec: dict, peers: list | None) -> list:
 
 
 def finding_replay(run: Run, finding, spec: dict, base: pl.DataFrame | None = None,
-                   groups: dict[int, int] | None = None, peers: list | None = None) -> Replay | None:
+                   groups: dict[int, int] | None = None, peers: list | None = None,
+                   saves: dict | None = None) -> Replay | None:
     """The run replayed without this finding's cause. peers: the same rule's findings of the same cause on other
     ranks (same location and collapse keys): ranks run one program, so the fix removes the cause on each of them.
-    A cause acting across ranks (a late rank) is its rank's alone."""
+    A cause acting across ranks (a late rank) is its rank's alone. saves: id(finding) -> its finding_saves, kept
+    across the calls of one run (a peer's saves are the same for every finding of its group: computing them again
+    for each made the costs quadratic in the ranks)."""
     base = base_steps(run) if base is None else base
     together = _together(finding, spec, peers)
-    parts = [s for s in (finding_saves(run, f, spec, base) for f in together) if s is not None]
+    saves = {} if saves is None else saves
+    for f in together:
+        if id(f) not in saves:
+            saves[id(f)] = finding_saves(run, f, spec, base)
+    parts = [s for s in (saves[id(f)] for f in together) if s is not None]
     if not parts:
         return None
     ranks = sorted({r for f in together for r in f.ranks})
@@ -372,10 +379,14 @@ def apply_costs(run: Run, findings: list, specs: dict[str, dict], keys: dict[str
     groups = sync_groups(run)
     peers = _peers(todo, keys or {})
     memo: dict = {}
+    saves: dict = {}  # id(finding) -> its finding_saves: a peer's are the same for every finding of its group
     items, owners = [], []
     for f in todo:
         together = _together(f, specs[f.rule], peers[id(f)])
-        parts = [s for s in (finding_saves(run, x, specs[f.rule], base, memo) for x in together) if s is not None]
+        for x in together:
+            if id(x) not in saves:
+                saves[id(x)] = finding_saves(run, x, specs[f.rule], base, memo)
+        parts = [s for s in (saves[id(x)] for x in together) if s is not None]
         if parts:
             items.append((pl.concat([p.lazy() for p in parts]), sorted({r for x in together for r in x.ranks}) or None))
             owners.append(f)
@@ -394,8 +405,9 @@ def whatif_table(run: Run, findings: list, specs: dict[str, dict],
     todo = [f for f in findings if specs.get(f.rule)]
     peers = _peers(todo, keys or {})
     out = []
+    saves: dict = {}
     for f in todo:
-        r = finding_replay(run, f, specs[f.rule], base, groups, peers[id(f)])
+        r = finding_replay(run, f, specs[f.rule], base, groups, peers[id(f)], saves)
         if r is not None:
             out.append((f, r))
     measured = replay(run, _empty_save(), "measured", base, groups)

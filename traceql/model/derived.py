@@ -59,7 +59,9 @@ _table(
         "(the one on the profiler clock)."
     ),
     builder="traceql.link.collectives:collective_matches",
-    scope="rank",
+    # run: the match id is a dense rank of the match keys over every rank's calls, and the grouping compares ranks'
+    # process-group names (a rank cut off early has fewer keys: built alone, its ids would shift)
+    scope="run",
     reads=["collectives"],
     columns={
         "rank": (I32, "global rank"),
@@ -311,7 +313,7 @@ _table(
         "time is start-up, not the training loop."
     ),
     builder="traceql.link.steps:warmup_steps",
-    scope="run",
+    scope="rank",
     reads=["runtime", "steps"],
     columns={
         "rank": (I32, "global rank"),
@@ -342,6 +344,27 @@ _table(
     },
 )
 _table(
+    "comm_coverage",
+    doc=(
+        "One row per rank and step: the activity table's communication against its compute on the rank's side "
+        "(TQL101's exposed measure), from the rank's source with the most communication. step_metrics' per-rank "
+        "half: the activity intervals never leave a rank task."
+    ),
+    builder="traceql.link.metrics:comm_coverage",
+    scope="rank",
+    reads=["activity", "step_times"],
+    columns={
+        "rank": (I32, "global rank"),
+        "step": (I64, "training step (null outside any step; -1: the whole trace of a rank without steps)"),
+        "side": (STR, "gpu (NCCL kernels) or host (collectives without kernels)"),
+        "comm_ms": (F64, "union of communication intervals (ms)"),
+        "compute_ms": (F64, "union of compute intervals (ms)"),
+        "overlap_ms": (F64, "communication hidden under compute (ms)"),
+        "exposed_comm_ms": (F64, "communication not hidden under compute (ms)"),
+        "comm_comp_overlap_pct": (F64, "overlap_ms over comm_ms (%)"),
+    },
+)
+_table(
     "step_metrics",
     doc=(
         "One row per rank and step: the numbers every report shows, one definition each (step time, communication "
@@ -349,7 +372,7 @@ _table(
     ),
     builder="traceql.link.metrics:step_metrics",
     scope="run",
-    reads=["activity", "step_balance", "step_breakdown", "step_times"],
+    reads=["comm_coverage", "step_balance", "step_breakdown", "step_times"],
     columns={
         "rank": (I32, "global rank"),
         "step": (I64, "training step (null outside any step)"),
@@ -433,6 +456,47 @@ _table(
     },
 )
 _table(
+    "path_kernels",
+    doc=(
+        "One row per timed kernel, on the rank's own clock: the columns the critical-path walk reads, with its launch "
+        "call's start and end. The per-rank half of critical_path: built where the rank was read, so that kernels "
+        "and runtime calls never leave a rank task."
+    ),
+    builder="traceql.link.critical_path:path_kernels",
+    scope="rank",
+    reads=["kernels", "runtime"],
+    columns={
+        "rank": (I32, "global rank"),
+        "source": (I32, "source id (run.sources) the row comes from"),
+        "device": (I32, "CUDA device index"),
+        "name": (STR, "kernel name"),
+        "kind": (STR, "compute, comm, memcpy or memset"),
+        "ts": (I64, "start, ns on the rank's clock"),
+        "end": (I64, "end, ns on the rank's clock"),
+        "step": (I64, "training step (null outside any step)"),
+        "launch_ts": (I64, "start of the runtime call that launched it (ns on the rank's clock; null: none recorded)"),
+        "launch_end": (I64, "end of that launch call (ns on the rank's clock)"),
+    },
+)
+_table(
+    "host_cover",
+    doc=(
+        "One row per rank, kind of host activity and disjoint segment, on the rank's own clock: DataLoader fetches "
+        "(loader), blocking syncs (sync), recorded ops below the step ranges and runtime calls (ops), host-side "
+        "collectives (host_comm). The per-rank half of critical_path's host gaps: host ops and runtime calls never "
+        "leave a rank task."
+    ),
+    builder="traceql.link.critical_path:host_cover",
+    scope="rank",
+    reads=["collectives", "host_ops", "runtime", "steps"],
+    columns={
+        "rank": (I32, "global rank"),
+        "cover": (STR, "loader, sync, ops or host_comm"),
+        "seg_ts": (I64, "segment start, ns on the rank's clock"),
+        "seg_end": (I64, "segment end, ns on the rank's clock"),
+    },
+)
+_table(
     "critical_path",
     doc=(
         "One row per step (on the rank that ended it): the step's critical path across ranks, host included, split "
@@ -441,8 +505,8 @@ _table(
     ),
     builder="traceql.link.critical_path:critical_path",
     scope="run",
-    reads=["clock_offsets", "collective_instances", "collective_matches", "collectives", "host_ops", "kernels",
-           "runtime", "steps"],
+    reads=["clock_offsets", "collective_instances", "collective_matches", "collectives", "host_cover", "path_kernels",
+           "steps"],
     columns={
         "step": (I64, "training step (null outside any step)"),
         "rank": (I32, "the rank that ended the step"),
@@ -495,7 +559,7 @@ _table(
         "gpu_time_util's shape)."
     ),
     builder="traceql.link.gpu_util:gpu_time_util",
-    scope="run",
+    scope="rank",
     reads=["kernels", "warmup_steps"],
     columns={
         "rank": (I32, "global rank"),
@@ -536,7 +600,7 @@ _table(
         "One row per rank, step, call and causing host op: how many blocking calls and how long the host was blocked."
     ),
     builder="traceql.link.host_sync:host_syncs",
-    scope="run",
+    scope="rank",
     reads=["blocking_calls", "warmup_steps"],
     columns={
         "rank": (I32, "global rank"),

@@ -22,6 +22,9 @@ class Run:
     # "run": every rank's rows; "rank": one rank task's ranks only (traceql.executor), where a table declared scope
     # "run" (model/derived.py) cannot be built, since building it would compare ranks it does not hold
     scope: str = "run"
+    # rows per canonical table that stayed on the rank tasks' workers (traceql.executor): what rules' `needs` see
+    # on the driver, which holds no kernels, host ops or runtime calls
+    held: dict[str, int] = field(default_factory=dict)
 
     def table(self, name: str) -> pl.DataFrame:
         if name in self.tables:

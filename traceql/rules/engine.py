@@ -539,11 +539,16 @@ def _collapse(df: pl.DataFrame, keys: list[str], rule: Rule) -> pl.DataFrame:
     return df.group_by(keys, maintain_order=True).agg(aggs)
 
 
+def _present(run: Run, table: str) -> bool:
+    """Whether the run has rows of `table`: here, or on the rank tasks' workers (Run.held, traceql.executor)."""
+    return run.held.get(table, 0) > 0 or link.ensure(run, table).height > 0
+
+
 def rows(run: Run, rule: Rule, params: dict | None = None) -> pl.DataFrame | None:
     """The numbers a rule's YAML computes, every row before its condition (None where the rule cannot run here): what
     reports show beside the findings, so that a table and a finding never disagree."""
     values = {**rule.defaults(), **(params or {})}
-    if not any(all(link.ensure(run, t).height for t in need) for need in rule.need_sets()):
+    if not any(all(_present(run, t) for t in need) for need in rule.need_sets()):
         return None
     try:
         out = _measure(run, rule, params=values) if rule.select is not None else _sql(run, rule)
@@ -557,7 +562,7 @@ def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
     # needs: any one of the need sets must be fully present
     missing_sets = []
     for need in rule.need_sets():
-        missing = [t for t in need if link.ensure(run, t).height == 0]
+        missing = [t for t in need if not _present(run, t)]
         if not missing:
             missing_sets = []
             break
