@@ -1,7 +1,7 @@
 """Writes the hand-made NCCL log fixtures (fixtures/nccl-log-*): no GPU was available to capture real ones.
 
 Run: python tests/nccl_log_fixtures.py (not a test). Line shapes follow real NCCL 2.19-2.23 / PyTorch 2.x output."""
-import json, os
+import json
 from pathlib import Path
 F = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -288,3 +290,46 @@ def test_tables_come_back_over_the_socket_when_no_temporary_file_can_be_written(
 
     monkeypatch.setattr(tempfile, "mkdtemp", no_dir)
     assert budget._pack(tables, 0)[0] == "inline"
+
+
+def test_a_worker_whose_parent_is_killed_exits_even_while_its_socket_stays_open(tmp_path):
+    # A service job killed with SIGKILL cannot stop its workers (they run in their own sessions), and a worker in the
+    # middle of a read never sees the socket close. Here the test holds the socket's other end open, as a busy read
+    # would keep the worker from noticing; the worker must still go once its parent is gone.
+    import socket
+    import subprocess
+
+    mine, theirs = socket.socketpair()
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys, time\n"
+         "fd = int(sys.argv[1])\n"
+         "w = subprocess.Popen([sys.executable, '-m', 'traceql.ingest.budget', str(fd)], pass_fds=(fd,),"
+         " start_new_session=True)\n"
+         "print(w.pid, flush=True)\n"
+         "time.sleep(600)\n", str(theirs.fileno())],
+        pass_fds=(theirs.fileno(),), stdout=subprocess.PIPE, text=True)
+    theirs.close()
+    worker = -1
+    try:
+        worker = int(parent.stdout.readline())
+        time.sleep(1.5)  # the worker is up and waiting on the socket, which this test keeps open
+        assert _alive(worker)
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 20
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(worker), "the orphaned worker is still running"
+    finally:
+        mine.close()
+        if worker > 0 and _alive(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return not any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except (FileNotFoundError, ProcessLookupError):
+        return False

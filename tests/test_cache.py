@@ -5,7 +5,6 @@ Every test gets its own cache folder (conftest points TRACEQL_CACHE_DIR at a fre
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import polars as pl

@@ -18,11 +18,9 @@ from hypothesis import strategies as st
 
 from tests.conftest import FIXTURES, corpus_path
 from traceql import link
-from traceql.discover import discover
 from traceql.ingest import IngestError
 from traceql.ingest import compile_debug, compile_trace, torch_logs
 from traceql.ingest._compile_common import parse_graph_ops
-from traceql.ingest.loader import ingest
 from traceql.model import Source
 
 COMPILE = corpus_path("compile")

@@ -15,7 +15,6 @@ import shutil
 from pathlib import Path
 
 import polars as pl
-import pytest
 
 from conftest import FIXTURES
 from traceql import link

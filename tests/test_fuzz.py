@@ -18,14 +18,13 @@ import sqlite3
 from pathlib import Path
 
 import orjson
-import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
 from conftest import FIXTURES
-from traceql.ingest import IngestError, flight_recorder, kineto, nsys, read_source
+from traceql.ingest import IngestError, kineto, nsys, read_source
 from traceql.model import Source
 
 _spec = importlib.util.spec_from_file_location("fuzz", Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz.py")

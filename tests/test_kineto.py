@@ -10,7 +10,6 @@ import csv
 import functools
 import gzip
 import json
-import zlib
 from pathlib import Path
 
 import polars as pl

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from pathlib import Path
 from types import ModuleType
 
 import polars as pl

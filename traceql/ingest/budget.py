@@ -316,6 +316,18 @@ def _worker(conn, threads: str | None = None) -> None:
     import threading
 
     this._CONN, this._SEND_LOCK = conn, threading.Lock()
+    # A parent killed outright (a service's job stopped with SIGKILL) cannot stop its workers, and they run in their
+    # own sessions: a worker whose parent is gone exits within a second, also in the middle of a read. Polled, not
+    # PR_SET_PDEATHSIG: that fires when the parent's starting *thread* ends, and pools are started from Dask threads.
+    parent = os.getppid()
+
+    def orphaned() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=orphaned, daemon=True, name="traceql-orphan-watch").start()
     # Nothing a worker prints may reach the command's output (a JSON or SARIF report on stdout) or its stderr (Rust's
     # "memory allocation failed" and backtrace at the limit): each source comes back with its one-line reason.
     devnull = os.open(os.devnull, os.O_WRONLY)

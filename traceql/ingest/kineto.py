@@ -204,8 +204,8 @@ def _parse(path: Path, source: Source) -> tuple[dict, list]:
     n_bytes = len(data)
     try:
         doc = orjson.loads(data)
-    except orjson.JSONDecodeError as first:
-        doc = None
+    except orjson.JSONDecodeError as e:
+        doc, first = None, e  # named past the handler: the messages below quote it (or the retry's error)
         if _CTRL.search(data):
             data, n = _escape_ctrl(data)
             source.meta["control_chars_escaped"] = n
