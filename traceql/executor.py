@@ -351,8 +351,11 @@ def client_for(address: str):
     except ImportError:
         raise SchedulerError("--scheduler needs Dask: pip install 'traceql[dask]'") from None
     if address == "local":
+        # one polars thread per single-threaded worker: polars' own pool per worker oversubscribed the cores (on 16
+        # cores, 16 workers burned 113 CPU s for 65 with one thread each, and the wall grew)
         cluster = LocalCluster(processes=True, n_workers=max(1, min(os.cpu_count() or 1, 8)), threads_per_worker=1,
-                               dashboard_address=":0")
+                               dashboard_address=":0",
+                               env={"POLARS_MAX_THREADS": os.environ.get("POLARS_MAX_THREADS", "1")})
         return Client(cluster)
     if address.endswith(".json"):
         p = Path(address)
