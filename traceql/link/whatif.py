@@ -36,6 +36,7 @@ What each cause saves (`removes:` in a rule's `cost:` mapping):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import polars as pl
@@ -417,10 +418,14 @@ def whatif_table(run: Run, findings: list, specs: dict[str, dict],
     peers = _peers(todo, keys or {})
     out = []
     saves: dict = {}
+    done: dict = {}  # a peer group's replay, the same for each member (apply_costs says why): computed once
     for f in todo:
-        r = finding_replay(run, f, specs[f.rule], base, groups, peers[id(f)], saves)
+        group = (f.rule, frozenset(id(x) for x in _together(f, specs[f.rule], peers[id(f)])))
+        if group not in done:
+            done[group] = finding_replay(run, f, specs[f.rule], base, groups, peers[id(f)], saves)
+        r = done[group]
         if r is not None:
-            out.append((f, r))
+            out.append((f, dataclasses.replace(r, label=f"{f.rule} {f.fingerprint}")))
     measured = replay(run, _empty_save(), "measured", base, groups)
     return measured.per_rank, out
 
