@@ -100,20 +100,25 @@ def _named_tables(rule: Rule, needs: bool = True) -> set[str]:
     return names
 
 
-def reach(rule: Rule) -> set[str]:
-    """Every table and view the rule reads, directly or through derived tables' and views' reads."""
-    views = getattr(rule, "views", {}) or {}
-    todo, seen = list(_named_tables(rule)), set()
+def _closure(names, reads) -> set[str]:
+    """Every table reached from names, going on through reads(t): the names t is built from (empty: stop at t)."""
+    todo, seen = list(names), set()
     while todo:
         t = todo.pop()
-        if t in seen:
-            continue
-        seen.add(t)
-        if t in DERIVED:
-            todo.extend(DERIVED[t].reads)
-        elif t in views:
-            todo.extend(views[t].reads)
+        if t not in seen:
+            seen.add(t)
+            todo.extend(reads(t))
     return seen
+
+
+def _reads_of(views: dict):
+    """reads(t) of derived tables and views: what each is built from."""
+    return lambda t: DERIVED[t].reads if t in DERIVED else views[t].reads if t in views else ()
+
+
+def reach(rule: Rule) -> set[str]:
+    """Every table and view the rule reads, directly or through derived tables' and views' reads."""
+    return _closure(_named_tables(rule), _reads_of(getattr(rule, "views", {}) or {}))
 
 
 def _rank_scoped(table: str, views: dict) -> bool:
@@ -146,38 +151,22 @@ def given_tables(rule: Rule) -> set[str] | None:
     if rule.cross_rank or (rule.select or {}).get("measure") in _COMPARING_MEASURES:
         return None
     views = getattr(rule, "views", {}) or {}
-    todo, seen, given = list(_named_tables(rule)), set(), set()
-    while todo:
-        t = todo.pop()
-        if t in seen:
-            continue
-        seen.add(t)
-        if t in views:
-            todo.extend(views[t].reads)
-        elif t in DERIVED and DERIVED[t].scope == "run":
-            if "rank" not in DERIVED[t].columns or t in ON_WORKER:
-                return None
-            given.add(t)
+    # through views only: a rank-scoped table is the rank task's own, a run-scoped one is what the driver hands over
+    seen = _closure(_named_tables(rule), lambda t: views[t].reads if t in views else ())
+    given = {t for t in seen if t not in views and t in DERIVED and DERIVED[t].scope == "run"}
+    if any("rank" not in DERIVED[t].columns or t in ON_WORKER for t in given):
+        return None
     return given
 
 
 def _frontier(names, views: dict, cut_run: bool) -> tuple[set[str], set[str]]:
     """(canonical and rank-scoped tables, run-scoped tables) reached from names, stopping at both kinds."""
-    todo, seen, near, far = list(names), set(), set(), set()
-    while todo:
-        t = todo.pop()
-        if t in seen:
-            continue
-        seen.add(t)
-        if t in SCHEMAS or (t in DERIVED and DERIVED[t].scope == "rank"):
-            near.add(t)
-        elif t in DERIVED and cut_run:
-            far.add(t)
-        elif t in DERIVED:
-            todo.extend(DERIVED[t].reads)
-        elif t in views:
-            todo.extend(views[t].reads)
-    return near, far
+    def near(t: str) -> bool:
+        return t in SCHEMAS or (t in DERIVED and DERIVED[t].scope == "rank")
+
+    through = _reads_of(views)
+    seen = _closure(names, lambda t: () if near(t) or (cut_run and t in DERIVED) else through(t))
+    return {t for t in seen if near(t)}, {t for t in seen if cut_run and t in DERIVED and not near(t)}
 
 
 def _reads_big(rule: Rule) -> bool:
