@@ -273,7 +273,7 @@ def test_a_source_error_is_one_line_even_with_a_newline_in_its_name(tmp_path):
     (d / "rank1\nforged line.pt.trace.json").write_bytes(head)
     r = run_cli("check", d, "--fail-on", "never", "--width", "400")  # wide: the entry is not wrapped
     assert r.exit_code == 0, r.output
-    errs = [ln for ln in r.stdout.splitlines() if ln.strip().startswith("error")]
+    errs = [ln for ln in r.stdout.splitlines() if ln.startswith("  error ")]  # the source lines, not TQL003's head
     assert len(errs) == 1 and "rank1\\nforged line.pt.trace.json" in errs[0] and "no complete trace event" in errs[0]
     assert not any(ln.startswith("forged line") for ln in r.stdout.splitlines())
 

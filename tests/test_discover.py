@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import shutil
 
+import pytest
+
 from conftest import FIXTURES, SAMPLES
 
 from traceql.discover import discover, rank_from_name
@@ -39,3 +41,33 @@ def test_every_non_input_says_why(tmp_path):
     assert "execution trace" in details["model_et.json.gz"][1] and "Kineto" in details["model_et.json.gz"][1]
     assert "memory timeline" in details["memory_timeline.raw"][1]
     assert details["notes.md"][0] == "skipped" and "not a recognised input" in details["notes.md"][1]
+
+
+def test_read_head_reads_past_the_first_gzip_member(tmp_path):
+    import gzip
+
+    from traceql.discover import read_head
+
+    # pigz --independent, `cat a.gz b.gz`, a writer that closes a member per flush: one stream of several members
+    p = tmp_path / "multi.json.gz"
+    p.write_bytes(gzip.compress(b'{"schemaVersion": 1, ') + gzip.compress(b'"traceEvents": []}'))
+    assert read_head(p) == b'{"schemaVersion": 1, "traceEvents": []}'
+    p.write_bytes(gzip.compress(b"abc") + b"\x00 trailing garbage")
+    assert read_head(p) == b"abc"
+
+
+@pytest.mark.parametrize("name, content, status", [
+    ("rank3.pt.trace.json", b"hello, not a trace\n", "error"),
+    ("trace.json.gz", b"\x1f\x8b\x08\x00\x00\x00\x00\x00", "error"),  # a gzip header and nothing after it
+    ("nccl_trace_rank_2", b"\x00\x01 not a pickle", "error"),
+    ("config.json", b'{"lr": 0.1}', "skipped"),  # a neighbour of the inputs, not one
+    ("metrics.txt", b"step 1 loss 2.3\n", "skipped"),
+])
+def test_a_file_named_like_a_trace_that_is_none_is_an_error(tmp_path, name, content, status):
+    from traceql.discover import discover
+
+    (tmp_path / name).write_bytes(content)
+    (src,) = discover(tmp_path)
+    assert src.status == status, src.detail
+    if status == "error":
+        assert "again" in src.detail  # what to do

@@ -182,3 +182,54 @@ def test_nothing_readable_is_exit_2(tmp_path):
     res = check(tmp_path)
     assert res.exit_code == 2
     assert "nothing could be analysed" in res.stderr and "No findings" not in res.stdout
+
+
+# ---------------------------------------------------------------- ranks the world size names but no source holds
+
+
+def _one_rank_of(tmp_path, world_size=None):
+    """cpu-straggler's rank 0 alone (its trace says world size 2), the world size rewritten where given."""
+    import gzip
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for f in CPU.glob("rank0*"):
+        shutil.copy(f, run / f.name)
+    if world_size is not None:
+        p = run / "rank0.pt.trace.json.gz"
+        doc = json.loads(gzip.decompress(p.read_bytes()))
+        doc["distributedInfo"]["world_size"] = world_size
+        p.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return run
+
+
+def test_a_rank_the_world_size_names_but_no_source_holds_is_said(tmp_path):
+    run = _one_rank_of(tmp_path)
+    res, doc = check_json(run)
+    assert res.exit_code == 1, res.output
+    (f,) = [f for f in doc["findings"] if f["rule"] == "TQL002"]
+    assert f["evidence"]["missing"] == "1" and f["evidence"]["world_size"] == 2 and f["evidence"]["n_present"] == 1
+    assert "rank0.pt.trace.json.gz says world size 2" in f["message"]
+    assert "1 rank(s) [0] of world size 2, 1 missing (1)" in check(run).stdout
+
+
+def test_an_unreadable_rank_is_an_error_not_a_missing_rank(tmp_path):
+    run = _one_rank_of(tmp_path)
+    (run / "rank1.pt.trace.json.gz").write_bytes(b"\x1f\x8b\x08\x00 not a gzip stream")
+    res, doc = check_json(run)
+    assert [s["status"] for s in doc["sources"] if s["path"] == "rank1.pt.trace.json.gz"] == ["error"]
+    assert not [f for f in doc["findings"] if f["rule"] == "TQL002"]
+    assert res.exit_code != 0
+
+
+@pytest.mark.parametrize("ws, missing, n_missing", [(1 << 20, "1-1048575", (1 << 20) - 1), (4, "1-3", 3)])
+def test_missing_ranks_are_ranges_even_for_a_huge_world(tmp_path, ws, missing, n_missing):
+    run = load_run(_one_rank_of(tmp_path, ws), use_cache=False)
+    (row,) = run.table("source_problems").filter(pl.col("problem") == "missing-rank").iter_rows(named=True)
+    assert (row["missing"], row["n_missing"], row["world_size"]) == (missing, n_missing, ws)
+
+
+@pytest.mark.parametrize("ws", [10**12, True, "8", 1])
+def test_an_implausible_world_size_names_no_missing_rank(tmp_path, ws):
+    run = load_run(_one_rank_of(tmp_path, ws), use_cache=False)
+    assert run.table("source_problems").filter(pl.col("problem") == "missing-rank").height == 0

@@ -240,6 +240,8 @@ def test_an_empty_trace_is_named_without_verbose_and_an_empty_log_is_not(tmp_pat
     shutil.copy(demo / "rank0.pt.trace.json.gz", run / "rank0.pt.trace.json.gz")
     (run / "rank1.pt.trace.json").write_bytes(b"")
     (run / "rank1.stderr.log").write_bytes(b"")
-    res = CliRunner().invoke(_main, ["check", str(run), "-q", "--no-cache", "--select", "TQL1"])
-    shown = [ln for ln in res.output.splitlines() if "empty file" in ln]
-    assert len(shown) == 1 and "rank1.pt.trace.json" in shown[0] and "skipped" in shown[0], res.output
+    res = CliRunner().invoke(_main, ["check", str(run), "-q", "--no-cache", "--select", "TQL1,TQL003"])
+    shown = [ln for ln in res.output.splitlines() if "empty file" in ln and not ln.startswith("  - ")]
+    # an empty trace is a lost input: an error source (TQL003), not a neighbour passed over; an empty log is routine
+    assert len(shown) == 1 and "rank1.pt.trace.json" in shown[0] and "error" in shown[0], res.output
+    assert "TQL003" in res.output and res.exit_code == 1

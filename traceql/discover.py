@@ -14,11 +14,17 @@ _SKIP_DIRS = {".git", "__pycache__", ".traceql-cache", "node_modules"}
 # rank-3, rank_3, rank3, RANK3 as a name token; also the ranks of torch's own files (..._rank_3_...).
 # names of the inputs themselves (traces, exports, dumps), as opposed to logs beside them
 _LOOKS_LIKE_INPUT = re.compile(r"\.(?:json|json\.gz|sqlite|nsys-rep|qdrep)$|nccl_trace|torch_trace", re.IGNORECASE)
+# names only traces, exports and dumps carry (torch.profiler's *.pt.trace.json, trace.json, Flight Recorder's
+# nccl_trace_rank_N, TORCH_TRACE's dedicated_log_torch_trace_*): such a file that cannot be read is a lost input, an
+# error, not a neighbour to pass over (a config.json or metrics.json is not named so)
+_NAMED_AS_TRACE = re.compile(r"(?:^|[._-])(?:pt\.)?trace\.json(?:\.gz)?$|^(?:kineto|chrome_trace)\S*\.json(?:\.gz)?$"
+                             r"|^nccl_trace|dedicated_log_torch_trace", re.IGNORECASE)
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d+)(?![0-9])", re.IGNORECASE)
 
 
 def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
-    """First n bytes of a file, gunzipped where it is gzip. A broken gzip stream yields what decompressed."""
+    """First n bytes of a file, gunzipped where it is gzip (members after the first included: pigz, `cat a.gz b.gz`,
+    a writer that flushes a member per chunk). A broken gzip stream yields what decompressed."""
     with open(path, "rb") as f:
         raw = f.read(n)
     if raw[:2] == b"\x1f\x8b":
@@ -26,11 +32,20 @@ def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
         out = b""
         try:
             with open(path, "rb") as f:
+                pending = b""
                 while len(out) < n:
-                    chunk = f.read(65536)
+                    chunk = pending or f.read(65536)
+                    pending = b""
                     if not chunk:
                         break
                     out += d.decompress(chunk, n - len(out))
+                    if d.eof:  # the next member starts in what this one left over
+                        pending = d.unused_data
+                        if not pending and not (pending := f.read(65536)):
+                            break
+                        if pending[:2] != b"\x1f\x8b":
+                            break  # trailing garbage after a complete member: what decompressed is the head
+                        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         except zlib.error:
             pass
         return out[:n]
@@ -54,6 +69,10 @@ def _sniff_file(path: Path, mods) -> list[Source]:
         return [Source(path, "unknown", status="error", detail=f"cannot read: {e.strerror or e}; check permissions")]
     if size == 0:
         # an empty stdout/stderr log is routine; an empty trace, export or dump is a lost input, said without -v
+        if _NAMED_AS_TRACE.search(path.name):
+            return [Source(path, "unknown", status="error", detail=(
+                "empty file (0 bytes), named like a trace: the profiler or the copy did not finish; record or copy it "
+                "again"))]
         shown = bool(_LOOKS_LIKE_INPUT.search(path.name))
         return [Source(path, "unknown", status="skipped", detail="empty file (0 bytes)", meta={"shown": shown})]
     kinds = []
@@ -70,28 +89,36 @@ def _sniff_file(path: Path, mods) -> list[Source]:
             if kind not in ("nccl_log", "torch_logs"):
                 break
     if not kinds:
-        return [Source(path, "unknown", status="skipped", detail=_unrecognised(path, head))]
+        status, detail = _unrecognised(path, head)
+        return [Source(path, "unknown", status=status, detail=detail)]
     rank = rank_from_name(path)
     return [Source(path, k, rank=rank, rank_origin="file name" if rank is not None else "") for k in kinds]
 
 
-def _unrecognised(path: Path, head: bytes) -> str:
-    """Why a file is not an input, naming the neighbours of the inputs that users most often point traceql at."""
+def _unrecognised(path: Path, head: bytes) -> tuple[str, str]:
+    """(status, why) for a file that is not an input, naming the neighbours of the inputs that users most often point
+    traceql at. A damaged gzip stream, or a file named like a trace whose content is none, is an error: an input that
+    was meant and cannot be read, said in the exit code (TQL003), never passed over as a neighbour."""
     text = head.lstrip()
     if text[:1] == b"{" and b'"nodes"' in head and b'"schema"' in head:
-        return ("PyTorch execution trace (ExecutionTraceObserver): operator graph without timings; traceql reads the "
-                "Kineto trace (torch.profiler export_chrome_trace) recorded beside it")
+        return "skipped", ("PyTorch execution trace (ExecutionTraceObserver): operator graph without timings; traceql "
+                           "reads the Kineto trace (torch.profiler export_chrome_trace) recorded beside it")
     if path.name.startswith("memory_timeline") or (text[:1] == b"[" and b"[[" in head[:64] and b'"ph"' not in head):
-        return ("torch.profiler memory timeline (export_memory_timeline): allocations only; traceql reads the Kineto "
-                "trace recorded beside it")
+        return "skipped", ("torch.profiler memory timeline (export_memory_timeline): allocations only; traceql reads "
+                           "the Kineto trace recorded beside it")
     if _archive_kind(path):
-        return "an archive inside the run dir: not expanded here; check it on its own (traceql check FILE) or unpack it"
+        return "skipped", ("an archive inside the run dir: not expanded here; check it on its own (traceql check FILE) "
+                           "or unpack it")
     with open(path, "rb") as f:
         raw2 = f.read(2)
     if raw2 == b"\x1f\x8b" and not head:
-        return "gzip file that does not decompress; copy it again"
-    return ("not a recognised input (not a Kineto trace, nsys SQLite export, TORCH_TRACE log, NCCL log or Flight "
-            "Recorder dump)")
+        return "error", "gzip file that does not decompress (damaged or cut short); copy it again"
+    if _NAMED_AS_TRACE.search(path.name):
+        start = " ".join(text[:24].decode("ascii", "replace").split())
+        return "error", (f"named like a trace, but its content is not one (it starts {start!r}); record or copy it "
+                         "again, or rename it if it is not a trace")
+    return "skipped", ("not a recognised input (not a Kineto trace, nsys SQLite export, TORCH_TRACE log, NCCL log or "
+                       "Flight Recorder dump)")
 
 
 def _archive_kind(path: Path) -> str | None:

@@ -34,6 +34,9 @@ def derived_tables() -> dict[str, Callable[[Run], pl.DataFrame]]:
     return _REGISTRY
 
 
+_FROM_STATUSES = frozenset({"source_errors"})
+
+
 def ensure(run: Run, name: str) -> pl.DataFrame:
     """The table `name`, building it (and what it depends on) if it is derived and not built yet."""
     if name in run.tables:
@@ -47,7 +50,8 @@ def ensure(run: Run, name: str) -> pl.DataFrame:
         if name in DERIVED and DERIVED[name].scope == "run":
             raise RuntimeError(f"{name} compares ranks and cannot be built in a rank task (traceql.executor.plan sent "
                                "a rule that reads it there); please report it")
-    folder = run.derived_cache
+    # tables of the sources' statuses, not of their rows: the cache key (the read sources' content) does not cover them
+    folder = None if name in _FROM_STATUSES else run.derived_cache
     if folder is not None:
         from traceql import cache
 

@@ -16,6 +16,11 @@ environment, log prefixes) or its file name. Two things are settled here, becaus
   complementary (NCCL INFO lines in stdout, ProcessGroupNCCL lines in stderr): only identical copies collide.
 
 Rules that compare ranks (cross_rank) are skipped by the engine while any rank collided (`collided_ranks`).
+
+- A rank the run's own traces say exists (Kineto distributedInfo world_size) but no
+  source holds, readable or not, is a `source_problems` row too (problem missing-rank, rule TQL002): a run dir
+  with one rank's trace lost, or only rank 0 profiled, otherwise reads as a smaller world whose cross-rank rules
+  (straggler, desync, divergence) compared everyone and found nothing.
 """
 
 from __future__ import annotations
@@ -43,7 +48,14 @@ SOURCE_PROBLEMS_SCHEMA = {
     "kept": pl.Utf8,
     "kept_origin": pl.Utf8,
     "detail": pl.Utf8,
+    "world_size": pl.Int64,  # missing-rank: the world size the run's sources state
+    "missing": pl.Utf8,  # missing-rank: the ranks no source holds, as ranges ("1-7")
+    "n_missing": pl.Int64,
+    "n_present": pl.Int64,
 }
+
+# A stated world size above this is not believed (an adversarial header would make the run look this large).
+MAX_WORLD_SIZE = 1 << 20
 
 
 def _read(s: Source) -> bool:
@@ -158,17 +170,66 @@ def _collisions(run: Run) -> list[dict]:
     return rows
 
 
+def _ranges(ranks: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for r in ranks:
+        if out and r == out[-1][1] + 1:
+            out[-1] = (out[-1][0], r)
+        else:
+            out.append((r, r))
+    return out
+
+
+def _missing(run: Run) -> list[dict]:
+    """One row when the world size the sources state names ranks that no source holds (see the module docstring).
+    A source that claims a rank accounts for it even when it could not be read: that rank is an error, not missing."""
+    stated = [(s.meta["world_size"], s) for s in run.sources if _read(s) and type(s.meta.get("world_size")) is int
+              and 2 <= s.meta["world_size"] <= MAX_WORLD_SIZE]
+    if not stated:
+        return []
+    ws, by = max(stated, key=lambda t: (t[0], -t[1].id))
+    from traceql.discover import rank_from_name
+
+    held_by = set()
+    for s in run.sources:
+        if s.kind not in _NOT_RANKED:
+            held_by.update(_held(s))
+        elif s.status == "error" and (r := rank_from_name(s.path)) is not None:
+            held_by.add(r)  # rank1.pt.trace.json.gz that does not decompress: rank 1 is unreadable (TQL003), not missing
+    held = sorted(r for r in held_by if 0 <= r < ws)
+    if not held or len(held) == ws:
+        return []
+    # the gaps between held ranks, as ranges: never a list of a million ints for a header that claims that many
+    gaps, nxt = [], 0
+    for a, b in _ranges(held) + [(ws, ws)]:
+        if a > nxt:
+            gaps.append((nxt, a - 1))
+        nxt = b + 1
+    n_missing = ws - len(held)
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in gaps[:12]) + (", ..." if len(gaps) > 12 else "")
+    origin = "distributedInfo.world_size" if by.kind == "kineto" else f"{by.kind} metadata"
+    rel = _rel(run, by.path)
+    detail = (f"{rel} says world size {ws}, but {n_missing} rank(s) have no source in the run dir ({text}); rules that "
+              f"compare ranks see only the {len(held)} present")
+    run.notes.append(f"missing ranks: {detail} (TQL002)")
+    return [{"rank": None, "kind": by.kind, "problem": "missing-rank", "source": by.id, "path": rel,
+             "origin": origin, "kept_source": None, "kept": None, "kept_origin": None, "detail": detail,
+             "world_size": ws, "missing": text, "n_missing": n_missing, "n_present": len(held)}]
+
+
 def resolve_ranks(run: Run) -> tuple[list[int], list[int]]:
     """Assume ranks where it is safe, keep colliding sources apart, and record the problems (source_problems).
     Returns the ids of the sources given rank 0 and of those not analysed."""
     assumed = _assume(run)
     rows = _collisions(run)
     lost = sorted({r["source"] for r in rows})
+    rows += _missing(run)
     apply_resolution(run, assumed, lost)
     run.tables["source_problems"] = pl.DataFrame(rows, schema=SOURCE_PROBLEMS_SCHEMA)
     by_rank: dict[tuple[str, int], list[dict]] = {}
     for r in rows:
-        by_rank.setdefault((r["kind"], r["rank"]), []).append(r)
+        if r["problem"] == "rank-collision":
+            by_rank.setdefault((r["kind"], r["rank"]), []).append(r)
     for (kind, rank), rs in sorted(by_rank.items()):
         run.notes.append(
             f"rank {rank} is claimed by {len(rs) + 1} {kind} sources: {rs[0]['kept']} is analysed, "
@@ -217,4 +278,16 @@ def source_problems(run: Run) -> pl.DataFrame:
     return pl.DataFrame(schema=SOURCE_PROBLEMS_SCHEMA)
 
 
-DERIVED = {"source_problems": source_problems}
+SOURCE_ERRORS_SCHEMA = {"rank": pl.Int32, "kind": pl.Utf8, "source": pl.Int32, "path": pl.Utf8, "detail": pl.Utf8}
+
+
+def source_errors(run: Run) -> pl.DataFrame:
+    """Every source that could not be read (TQL003): the exit code says so, not only the source list."""
+    from traceql.discover import rank_from_name
+
+    rows = [{"rank": s.rank if s.rank is not None else rank_from_name(s.path), "kind": s.kind, "source": s.id,
+             "path": _rel(run, s.path), "detail": s.detail} for s in run.sources if s.status == "error"]
+    return pl.DataFrame(rows, schema=SOURCE_ERRORS_SCHEMA)
+
+
+DERIVED = {"source_problems": source_problems, "source_errors": source_errors}

@@ -1066,15 +1066,16 @@ _table(
 _table(
     "source_problems",
     doc=(
-        "One row per source problem found while resolving ranks: two sources that claim one rank, copies of one file."
+        "One row per source problem found while resolving ranks: two sources that claim one rank, copies of one file "
+        "(rank-collision), ranks the run's world size names that no source holds (missing-rank, one row per run)."
     ),
     builder="traceql.link.ranks:source_problems",
     scope="run",
     reads=[],
     columns={
-        "rank": (I32, "global rank"),
+        "rank": (I32, "global rank (null for missing-rank)"),
         "kind": (STR, "the source's kind"),
-        "problem": (STR, "collision, copy, ..."),
+        "problem": (STR, "rank-collision or missing-rank"),
         "source": (I32, "source id (run.sources) the row comes from"),
         "path": (STR, "the source's file"),
         "origin": (STR, "where the source's rank came from"),
@@ -1082,6 +1083,28 @@ _table(
         "kept": (STR, "its file"),
         "kept_origin": (STR, "where its rank came from"),
         "detail": (STR, "what happened, in words"),
+        "world_size": (I64, "missing-rank: the world size the source states"),
+        "missing": (STR, "missing-rank: the ranks no source holds, as ranges (1-7, 9)"),
+        "n_missing": (I64, "missing-rank: how many ranks no source holds"),
+        "n_present": (I64, "missing-rank: how many of the world's ranks some source holds"),
+    },
+)
+_table(
+    "source_errors",
+    doc=(
+        "One row per source that could not be read at all (status error): damaged or empty traces, a file named like "
+        "a trace whose content is none, a source past its time or memory budget, a read or rank task that failed on a "
+        "Dask cluster. Built from the run's sources once every read has finished."
+    ),
+    builder="traceql.link.ranks:source_errors",
+    scope="run",
+    reads=[],
+    columns={
+        "rank": (I32, "the rank the source holds or its file name says, if any"),
+        "kind": (STR, "the source's kind (unknown when not even that could be told)"),
+        "source": (I32, "source id (run.sources)"),
+        "path": (STR, "the source's file, relative to the run dir"),
+        "detail": (STR, "why it could not be read and what to do"),
     },
 )
 

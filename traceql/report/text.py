@@ -107,14 +107,24 @@ def _wrap(con: _Out, width: int | None, head: str, text: str, style: str = "", i
             con.print(line)
 
 
+def _of_world(run) -> str:
+    """The header's "of world size 8, 7 missing (1-7)" where the sources state more ranks than the run holds (TQL002)."""
+    sp = run.tables.get("source_problems")
+    if sp is None or "n_missing" not in sp.columns:
+        return ""
+    for r in sp.filter(sp["problem"] == "missing-rank").iter_rows(named=True):
+        return f" of world size {r['world_size']}, {r['n_missing']} missing ({r['missing']})"
+    return ""
+
+
 def render(result: CheckResult, color: bool = False, verbose: bool = False, width: int | None = None) -> str:
     """The report as text; width None: one line per entry (logs, grep), else wrapped at `width` columns."""
     con = _Out(color)
     run = result.run
     root = run.path if run.path.is_dir() else run.path.parent
     ranks = run.ranks
-    _wrap(con, width, "traceql check ", f"{run.path}: {len(ranks)} rank(s){' ' + _ranges(ranks) if ranks else ''}, "
-          f"{len(run.sources)} source(s)", "bold", indent=2)
+    _wrap(con, width, "traceql check ", f"{run.path}: {len(ranks)} rank(s){' ' + _ranges(ranks) if ranks else ''}"
+          f"{_of_world(run)}, {len(run.sources)} source(s)", "bold", indent=2)
     # links not followed and empty traces stay visible: each may be an input the user meant, and it was not read
     quiet_skips = [s for s in run.sources if s.status == "skipped" and s.kind in ("unknown", "manifest")
                    and not s.meta.get("shown")]
