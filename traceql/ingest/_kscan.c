@@ -1447,6 +1447,7 @@ static PyObject *kscan_arrow(PyObject *self, PyObject *args) {
         const char *fmt;
         Py_ssize_t nulls;
         if (!PyArg_ParseTuple(t, "UsOOn", &name, &fmt, &data, &valid, &nulls)) return NULL;
+        if (!PyUnicode_AsUTF8(name)) return NULL; /* (a lone surrogate) here, not once memory has moved */
         Py_ssize_t w = fmt_width(fmt);
         if (!w) {
             PyErr_Format(PyExc_ValueError, "format %s: expected l, i or I", fmt);
