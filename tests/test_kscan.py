@@ -90,6 +90,7 @@ def test_scanner_takes_the_chunks_of_real_traces(monkeypatch):
 
     class Spy:
         nest = staticmethod(_kscan.nest)
+        arrow = staticmethod(_kscan.arrow)
 
         class Scanner:
             def __init__(self, *a):

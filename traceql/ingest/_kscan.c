@@ -199,8 +199,8 @@ static Py_ssize_t unescape(const unsigned char *s, Py_ssize_t len, char *out) {
 
 /* ---- column storage ------------------------------------------------------------------------------------------- */
 
-/* A growable byte buffer that Python (pyarrow) reads through the buffer protocol, without a copy. From 64 KB on its
- * memory is mapped from the system directly (anonymous mmap, grown with mremap where there is one), so that it goes
+/* A growable byte buffer that Python reads through the buffer protocol, or whose memory moves into an Arrow array
+ * (arrow()), without a copy either way. From 64 KB on its memory is mapped from the system directly (anonymous mmap, grown with mremap where there is one), so that it goes
  * back to the system the moment the last table using it is dropped: malloc'd buffers of a few MB stay in the allocator's
  * heap after they are freed (glibc raises its mmap threshold as such blocks come and go), which at 1 GB of trace
  * kept ~40 MB more resident at the peak. */
@@ -216,6 +216,7 @@ typedef struct {
     Py_ssize_t len; /* bytes exposed */
     Py_ssize_t cap; /* bytes held */
     int mapped;     /* data is a mapping (else malloc'd) */
+    Py_ssize_t exports; /* buffer views open on it: its memory cannot move to an Arrow array (arrow()) meanwhile */
 } MBuf;
 
 /* Below this a buffer is malloc'd: the columns of rare tables would each take a mapping of their own, and a process
@@ -233,10 +234,14 @@ static void mbuf_dealloc(MBuf *b) {
 }
 
 static int mbuf_getbuffer(MBuf *b, Py_buffer *view, int flags) {
-    return PyBuffer_FillInfo(view, (PyObject *)b, b->data ? b->data : (char *)"", b->len, 1, flags);
+    int r = PyBuffer_FillInfo(view, (PyObject *)b, b->data ? b->data : (char *)"", b->len, 1, flags);
+    if (r == 0) b->exports++;
+    return r;
 }
 
-static PyBufferProcs mbuf_as_buffer = {(getbufferproc)mbuf_getbuffer, NULL};
+static void mbuf_releasebuffer(MBuf *b, Py_buffer *view) { b->exports--; }
+
+static PyBufferProcs mbuf_as_buffer = {(getbufferproc)mbuf_getbuffer, (releasebufferproc)mbuf_releasebuffer};
 
 static PyTypeObject MBufType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -254,6 +259,7 @@ static MBuf *mbuf_new(void) {
         b->data = NULL;
         b->len = b->cap = 0;
         b->mapped = 0;
+        b->exports = 0;
     }
     return b;
 }
@@ -1279,31 +1285,396 @@ static PyTypeObject ScannerType = {
 };
 
 
+/* ---- the Arrow C Data Interface (https://arrow.apache.org/docs/format/CDataInterface.html) ----------------------
+ * arrow(n, [(name, format, data, validity or None, null count), ...]) -> (schema capsule, array capsule): the columns
+ * as one Arrow struct array of n rows, in the PyCapsule form ("arrow_schema", "arrow_array") that polars takes
+ * (pl.DataFrame(obj) where obj.__arrow_c_array__() returns the pair), so that no pyarrow is needed. format is "l"
+ * (int64), "i" (int32) or "I" (uint32). The MBufs' memory moves into the array without a copy (they are left
+ * empty): the array's release callback frees it with munmap/free alone, which needs no Python object and so no GIL,
+ * whichever thread of the consumer drops the last reference. */
+
+struct ArrowSchema {
+    const char *format;
+    const char *name;
+    const char *metadata;
+    int64_t flags;
+    int64_t n_children;
+    struct ArrowSchema **children;
+    struct ArrowSchema *dictionary;
+    void (*release)(struct ArrowSchema *);
+    void *private_data;
+};
+
+struct ArrowArray {
+    int64_t length;
+    int64_t null_count;
+    int64_t offset;
+    int64_t n_buffers;
+    int64_t n_children;
+    const void **buffers;
+    struct ArrowArray **children;
+    struct ArrowArray *dictionary;
+    void (*release)(struct ArrowArray *);
+    void *private_data;
+};
+
+struct ArrowArrayStream {
+    int (*get_schema)(struct ArrowArrayStream *, struct ArrowSchema *out);
+    int (*get_next)(struct ArrowArrayStream *, struct ArrowArray *out);
+    const char *(*get_last_error)(struct ArrowArrayStream *);
+    void (*release)(struct ArrowArrayStream *);
+    void *private_data;
+};
+
+#define ARROW_FLAG_NULLABLE 2
+
+/* Memory taken over from an MBuf. */
+typedef struct {
+    char *data;
+    Py_ssize_t cap;
+    int mapped;
+} Owned;
+
+static void owned_free(Owned *o) {
+#ifdef HAVE_MMAP
+    if (o->data && o->mapped) munmap(o->data, (size_t)o->cap);
+    else
+#endif
+        free(o->data);
+    o->data = NULL;
+}
+
+/* A child column's private data: its two buffers and the pointers Arrow reads them through. */
+typedef struct {
+    Owned data, valid;
+    const void *bufs[2];
+} ChildData;
+
+static void child_array_release(struct ArrowArray *a) {
+    ChildData *cd = a->private_data;
+    owned_free(&cd->data);
+    owned_free(&cd->valid);
+    free(cd);
+    a->release = NULL;
+}
+
+static void struct_array_release(struct ArrowArray *a) {
+    for (int64_t i = 0; i < a->n_children; i++) {
+        struct ArrowArray *c = a->children[i];
+        if (c->release) c->release(c); /* not moved out by the consumer */
+        free(c);
+    }
+    free(a->children);
+    free(a->buffers);
+    a->release = NULL;
+}
+
+static void child_schema_release(struct ArrowSchema *s) {
+    free((void *)s->name);
+    s->release = NULL;
+}
+
+static void struct_schema_release(struct ArrowSchema *s) {
+    for (int64_t i = 0; i < s->n_children; i++) {
+        struct ArrowSchema *c = s->children[i];
+        if (c->release) c->release(c);
+        free(c);
+    }
+    free(s->children);
+    s->release = NULL;
+}
+
+static void schema_capsule_free(PyObject *cap) {
+    struct ArrowSchema *s = PyCapsule_GetPointer(cap, "arrow_schema");
+    if (!s) {
+        PyErr_Clear();
+        return;
+    }
+    if (s->release) s->release(s);
+    free(s);
+}
+
+static void array_capsule_free(PyObject *cap) {
+    struct ArrowArray *a = PyCapsule_GetPointer(cap, "arrow_array");
+    if (!a) {
+        PyErr_Clear();
+        return;
+    }
+    if (a->release) a->release(a);
+    free(a);
+}
+
+static Py_ssize_t fmt_width(const char *fmt) {
+    if (!strcmp(fmt, "l")) return 8;
+    if (!strcmp(fmt, "i") || !strcmp(fmt, "I")) return 4;
+    return 0;
+}
+
+static const char *fmt_static(const char *fmt) {
+    return !strcmp(fmt, "l") ? "l" : !strcmp(fmt, "i") ? "i" : "I";
+}
+
+/* The memory of b moves to o (b is left empty). A buffer that never grew gets a few bytes of its own: Arrow's data
+ * buffer must be a valid pointer even for no rows. */
+static int mbuf_move(MBuf *b, Owned *o) {
+    o->data = b->data;
+    o->cap = b->cap;
+    o->mapped = b->mapped;
+    b->data = NULL;
+    b->len = b->cap = 0;
+    b->mapped = 0;
+    if (!o->data) {
+        o->data = malloc(8);
+        o->cap = 8;
+        o->mapped = 0;
+        if (!o->data) return -1;
+    }
+    return 0;
+}
+
+static PyObject *kscan_arrow(PyObject *self, PyObject *args) {
+    Py_ssize_t n;
+    PyObject *cols;
+    if (!PyArg_ParseTuple(args, "nO!", &n, &PyList_Type, &cols)) return NULL;
+    Py_ssize_t k = PyList_GET_SIZE(cols);
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "n must be >= 0");
+        return NULL;
+    }
+    /* Check everything before moving anything: an error leaves the MBufs as they were. */
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *t = PyList_GET_ITEM(cols, i), *name, *data, *valid;
+        const char *fmt;
+        Py_ssize_t nulls;
+        if (!PyArg_ParseTuple(t, "UsOOn", &name, &fmt, &data, &valid, &nulls)) return NULL;
+        if (!PyUnicode_AsUTF8(name)) return NULL; /* (a lone surrogate) here, not once memory has moved */
+        Py_ssize_t w = fmt_width(fmt);
+        if (!w) {
+            PyErr_Format(PyExc_ValueError, "format %s: expected l, i or I", fmt);
+            return NULL;
+        }
+        if (!PyObject_TypeCheck(data, &MBufType) || (valid != Py_None && !PyObject_TypeCheck(valid, &MBufType))) {
+            PyErr_SetString(PyExc_TypeError, "columns are MBufs (from take() or nest())");
+            return NULL;
+        }
+        MBuf *d = (MBuf *)data, *v = valid == Py_None ? NULL : (MBuf *)valid;
+        if (d->len < n * w || (v && v->len < (n + 7) / 8)) {
+            PyErr_SetString(PyExc_ValueError, "buffers shorter than n");
+            return NULL;
+        }
+        if (nulls < 0 || nulls > n || (nulls && !v)) {
+            PyErr_SetString(PyExc_ValueError, "null count out of range, or nulls without a validity buffer");
+            return NULL;
+        }
+        if (d->exports || (v && v->exports)) {
+            PyErr_SetString(PyExc_BufferError, "a buffer view is open on a column: its memory cannot move");
+            return NULL;
+        }
+        for (Py_ssize_t j = 0; j < i; j++) { /* one buffer in two places would be freed twice */
+            PyObject *u = PyList_GET_ITEM(cols, j);
+            PyObject *ud = PyTuple_GET_ITEM(u, 2), *uv = PyTuple_GET_ITEM(u, 3);
+            if (ud == data || (valid != Py_None && (uv == valid || ud == valid)) || uv == data) {
+                PyErr_SetString(PyExc_ValueError, "a buffer appears twice");
+                return NULL;
+            }
+        }
+        if (valid == data) {
+            PyErr_SetString(PyExc_ValueError, "a buffer appears twice");
+            return NULL;
+        }
+    }
+    struct ArrowSchema *sch = calloc(1, sizeof *sch);
+    struct ArrowArray *arr = calloc(1, sizeof *arr);
+    if (!sch || !arr) goto nomem;
+    sch->format = "+s";
+    sch->name = "";
+    sch->release = struct_schema_release;
+    sch->children = calloc((size_t)(k ? k : 1), sizeof *sch->children);
+    arr->length = n;
+    arr->n_buffers = 1;
+    arr->release = struct_array_release;
+    arr->buffers = calloc(1, sizeof *arr->buffers); /* the struct's validity: none, every row is there */
+    arr->children = calloc((size_t)(k ? k : 1), sizeof *arr->children);
+    if (!sch->children || !arr->buffers || !arr->children) goto nomem;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *t = PyList_GET_ITEM(cols, i);
+        const char *fmt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(t, 1));
+        const char *name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(t, 0));
+        if (!fmt || !name) goto fail;
+        PyObject *valid = PyTuple_GET_ITEM(t, 3);
+        Py_ssize_t nulls = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 4));
+        struct ArrowSchema *cs = calloc(1, sizeof *cs);
+        if (!cs) goto nomem;
+        sch->children[i] = cs;
+        sch->n_children = i + 1;
+        cs->format = fmt_static(fmt);
+        cs->name = strdup(name);
+        cs->flags = ARROW_FLAG_NULLABLE;
+        cs->release = child_schema_release;
+        if (!cs->name) goto nomem;
+        struct ArrowArray *ca = calloc(1, sizeof *ca);
+        ChildData *cd = calloc(1, sizeof *cd);
+        if (!ca || !cd) {
+            free(ca);
+            free(cd);
+            goto nomem;
+        }
+        arr->children[i] = ca;
+        arr->n_children = i + 1;
+        ca->private_data = cd;
+        ca->release = child_array_release;
+        ca->length = n;
+        ca->null_count = nulls;
+        ca->n_buffers = 2;
+        ca->buffers = cd->bufs;
+        if (mbuf_move((MBuf *)PyTuple_GET_ITEM(t, 2), &cd->data) < 0) goto nomem;
+        if (nulls) {
+            if (mbuf_move((MBuf *)valid, &cd->valid) < 0) goto nomem;
+            cd->bufs[0] = cd->valid.data;
+        }
+        cd->bufs[1] = cd->data.data;
+    }
+    PyObject *s_cap = PyCapsule_New(sch, "arrow_schema", schema_capsule_free);
+    if (!s_cap) goto fail;
+    sch = NULL;
+    PyObject *a_cap = PyCapsule_New(arr, "arrow_array", array_capsule_free);
+    if (!a_cap) {
+        Py_DECREF(s_cap);
+        goto fail;
+    }
+    return Py_BuildValue("(NN)", s_cap, a_cap);
+nomem:
+    PyErr_NoMemory();
+fail:
+    if (sch) {
+        if (sch->release) sch->release(sch);
+        free(sch);
+    }
+    if (arr) {
+        if (arr->release) arr->release(arr);
+        free(arr);
+    }
+    return NULL;
+}
+
+/* A column the nesting sweep reads: a buffer (bytes, MBuf...) or an Arrow array of one chunk without nulls from
+ * obj.__arrow_c_stream__() (a polars Series), read where it lies. */
+typedef struct {
+    const char *data;
+    Py_buffer view;
+    int has_view;
+    PyObject *capsule;
+    struct ArrowArray arr;
+} InCol;
+
+static int incol_open(InCol *c, PyObject *obj, const char *fmt, Py_ssize_t width, Py_ssize_t n) {
+    memset(c, 0, sizeof *c);
+    if (PyObject_CheckBuffer(obj)) {
+        if (PyObject_GetBuffer(obj, &c->view, PyBUF_SIMPLE) < 0) return -1;
+        c->has_view = 1;
+        if (c->view.len < n * width) {
+            PyErr_SetString(PyExc_ValueError, "buffers shorter than n");
+            return -1;
+        }
+        c->data = c->view.buf;
+        return 0;
+    }
+    c->capsule = PyObject_CallMethod(obj, "__arrow_c_stream__", NULL);
+    if (!c->capsule) return -1;
+    struct ArrowArrayStream *st = PyCapsule_GetPointer(c->capsule, "arrow_array_stream");
+    if (!st || !st->release) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a released Arrow stream");
+        return -1;
+    }
+    struct ArrowSchema sch;
+    memset(&sch, 0, sizeof sch);
+    if (st->get_schema(st, &sch) != 0) {
+        PyErr_SetString(PyExc_ValueError, "the Arrow stream gave no schema");
+        return -1;
+    }
+    int same = sch.format && !strcmp(sch.format, fmt);
+    if (sch.release) sch.release(&sch);
+    if (!same) {
+        PyErr_Format(PyExc_TypeError, "expected an Arrow column of format %s", fmt);
+        return -1;
+    }
+    if (st->get_next(st, &c->arr) != 0) {
+        PyErr_SetString(PyExc_ValueError, "the Arrow stream failed");
+        return -1;
+    }
+    if (!c->arr.release) { /* no chunk at all: only right for no rows */
+        if (n) {
+            PyErr_SetString(PyExc_ValueError, "buffers shorter than n");
+            return -1;
+        }
+        c->data = "";
+        return 0;
+    }
+    struct ArrowArray more;
+    memset(&more, 0, sizeof more);
+    if (st->get_next(st, &more) != 0) {
+        PyErr_SetString(PyExc_ValueError, "the Arrow stream failed");
+        return -1;
+    }
+    if (more.release) {
+        more.release(&more);
+        PyErr_SetString(PyExc_ValueError, "an Arrow column of more than one chunk (rechunk it)");
+        return -1;
+    }
+    if (c->arr.length != n || c->arr.n_buffers != 2 || c->arr.offset < 0 ||
+        (c->arr.null_count != 0 && c->arr.buffers[0] != NULL) || (n && !c->arr.buffers[1])) {
+        PyErr_SetString(PyExc_ValueError, "an Arrow column of another length, or with nulls");
+        return -1;
+    }
+    c->data = n ? (const char *)c->arr.buffers[1] + c->arr.offset * width : "";
+    return 0;
+}
+
+static void incol_close(InCol *c) {
+    if (c->has_view) PyBuffer_Release(&c->view);
+    if (c->arr.release) c->arr.release(&c->arr);
+    Py_XDECREF(c->capsule);
+    c->has_view = 0;
+    c->capsule = NULL;
+}
+
 /* nest(ts, end, flags, rows, n) -> (parent, depth): the host-op nesting sweep of kineto._nest over intervals sorted
  * by (pid, tid, ts, -end). ts/end: int64; flags: uint8 (1: first row of a thread, 2: ts is null); rows: uint32, the
- * original row of each sorted one. parent: int64 per original row, -1 for none; depth: int32. */
+ * original row of each sorted one; each a buffer or an Arrow column (a polars Series of one chunk, no nulls). parent:
+ * int64 per original row, -1 for none; depth: int32; both MBufs, for arrow(). */
 static PyObject *kscan_nest(PyObject *self, PyObject *args) {
-    Py_buffer bts, bend, bflags, brows;
+    PyObject *ots, *oend, *oflags, *orows;
     Py_ssize_t n;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*n", &bts, &bend, &bflags, &brows, &n)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOOOn", &ots, &oend, &oflags, &orows, &n)) return NULL;
     PyObject *result = NULL;
+    MBuf *parent = NULL, *depth = NULL;
     int64_t *stack = NULL; /* triples: end, start, row */
-    if (n < 0 || bts.len < n * 8 || bend.len < n * 8 || bflags.len < n || brows.len < n * 4) {
+    InCol cts, cend, cflags, crows;
+    memset(&cend, 0, sizeof cend);
+    memset(&cflags, 0, sizeof cflags);
+    memset(&crows, 0, sizeof crows);
+    if (n < 0) {
+        memset(&cts, 0, sizeof cts);
         PyErr_SetString(PyExc_ValueError, "buffers shorter than n");
         goto out;
     }
-    PyObject *parent = PyBytes_FromStringAndSize(NULL, n * 8);
-    PyObject *depth = PyBytes_FromStringAndSize(NULL, n * 4);
-    if (!parent || !depth) {
-        Py_XDECREF(parent);
-        Py_XDECREF(depth);
+    if (incol_open(&cts, ots, "l", 8, n) < 0 || incol_open(&cend, oend, "l", 8, n) < 0 ||
+        incol_open(&cflags, oflags, "C", 1, n) < 0 || incol_open(&crows, orows, "I", 4, n) < 0)
+        goto out;
+    parent = mbuf_new();
+    depth = mbuf_new();
+    if (!parent || !depth) goto out;
+    if (mbuf_reserve(parent, n ? n * 8 : 8) < 0 || mbuf_reserve(depth, n ? n * 4 : 8) < 0) {
+        PyErr_NoMemory();
         goto out;
     }
-    int64_t *par = (int64_t *)PyBytes_AS_STRING(parent);
-    int32_t *dep = (int32_t *)PyBytes_AS_STRING(depth);
-    const int64_t *ts = bts.buf, *end = bend.buf;
-    const uint8_t *flags = bflags.buf;
-    const uint32_t *rows = brows.buf;
+    parent->len = n * 8;
+    depth->len = n * 4;
+    int64_t *par = (int64_t *)parent->data;
+    int32_t *dep = (int32_t *)depth->data;
+    const int64_t *ts = (const int64_t *)cts.data, *end = (const int64_t *)cend.data;
+    const uint8_t *flags = (const uint8_t *)cflags.data;
+    const uint32_t *rows = (const uint32_t *)crows.data;
     for (Py_ssize_t i = 0; i < n; i++) {
         par[i] = -1;
         dep[i] = 0;
@@ -1334,25 +1705,28 @@ static PyObject *kscan_nest(PyObject *self, PyObject *args) {
         top++;
     }
     if (bad) {
-        Py_DECREF(parent);
-        Py_DECREF(depth);
         if (bad == 2) PyErr_NoMemory();
         else PyErr_SetString(PyExc_ValueError, "row index out of range");
         goto out;
     }
-    result = Py_BuildValue("(NN)", parent, depth);
+    result = Py_BuildValue("(OO)", parent, depth);
 out:
     free(stack);
-    PyBuffer_Release(&bts);
-    PyBuffer_Release(&bend);
-    PyBuffer_Release(&bflags);
-    PyBuffer_Release(&brows);
+    Py_XDECREF(parent);
+    Py_XDECREF(depth);
+    incol_close(&cts);
+    incol_close(&cend);
+    incol_close(&cflags);
+    incol_close(&crows);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"nest", kscan_nest, METH_VARARGS,
      "nest(ts, end, flags, rows, n) -> (parent, depth): the per-thread nesting sweep over sorted intervals."},
+    {"arrow", kscan_arrow, METH_VARARGS,
+     "arrow(n, [(name, format, data, validity or None, nulls)]) -> (schema, array) capsules of one struct array;\n"
+     "the MBufs' memory moves into it."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -39,7 +39,6 @@ from pathlib import Path
 
 import orjson
 import polars as pl
-import pyarrow as pa
 
 try:  # the compiled chunk scanner (setup.py builds it where a C compiler is available); else msgspec decodes chunks
     from traceql.ingest import _kscan
@@ -466,19 +465,26 @@ _BUCKET_COLS = {
 }
 
 
-class _Stream:
-    """Hands an Arrow table to polars through the Arrow C stream interface: no copy, and unlike pl.from_arrow it
-    does not import pyarrow.compute (~60-100 ms on first use)."""
+class _Capsules:
+    """An Arrow struct array as the PyCapsule pair (schema, array) that _kscan.arrow makes, in the form polars takes
+    (pl.DataFrame reads `__arrow_c_array__`): the scanner's columns become a frame without a copy and without pyarrow
+    (whose import is ~150 ms of every command). The pair is handed out once: the array capsule is moved from."""
 
-    def __init__(self, table: pa.Table):
-        self.table = table
+    __slots__ = ("pair",)
 
-    def __arrow_c_stream__(self, requested_schema=None):
-        return self.table.__arrow_c_stream__(requested_schema)
+    def __init__(self, pair: tuple):
+        self.pair = pair
+
+    def __arrow_c_array__(self, requested_schema=None):
+        pair, self.pair = self.pair, None
+        if pair is None:
+            raise ValueError("these Arrow capsules were already handed out")
+        return pair
 
 
-def _frame(table: pa.Table) -> pl.DataFrame:
-    return pl.DataFrame(_Stream(table))
+def _frame(n: int, cols: list) -> pl.DataFrame:
+    """cols: [(name, Arrow format, data MBuf, validity MBuf or None, null count)] of n rows, as one frame."""
+    return pl.DataFrame(_Capsules(_kscan.arrow(n, cols)))
 
 
 def _bucket_expr(ph: pl.Expr, cat: pl.Expr) -> pl.Expr:
@@ -670,12 +676,8 @@ class _Acc:
             elif b == "be":
                 raise _Fallback("B/E events")
             elif b:
-                arrays = {}
-                for name, (data, valid, nulls) in cols.items():
-                    typ = pa.uint32() if name in _TEXT_FIELDS else pa.int64()
-                    bufs = [None if valid is None else pa.py_buffer(valid), pa.py_buffer(data)]
-                    arrays[name] = pa.Array.from_buffers(typ, n, bufs, null_count=nulls)
-                parts[b] = _frame(pa.table(arrays))
+                parts[b] = _frame(n, [(name, "I" if name in _TEXT_FIELDS else "l", data, valid, nulls)
+                                      for name, (data, valid, nulls) in cols.items()])
         args = dict(colls)
         keys = [_ARG_KEYS[k] for k in _COLL_ATTRS]
 
@@ -882,17 +884,13 @@ def _nest(df: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
 
 
 def _nest_compiled(s: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
-    """The sweep in C (_kscan.nest), over the sorted columns' Arrow buffers."""
-    def data(col: pl.Series):
-        a = col.rechunk().to_arrow()
-        return a.buffers()[1][a.offset * a.type.bit_width // 8 :]
-
+    """The sweep in C (_kscan.nest), over the sorted columns where polars holds them (one chunk each, read through
+    the Arrow C stream interface) and back as one frame without a copy."""
     flags = (s["first"].cast(pl.UInt8) | (s["ts"].is_null().cast(pl.UInt8) * 2)).fill_null(1)
     n = s.height
-    parent, depth = _kscan.nest(data(s["ts"].fill_null(0)), data(s["end"].fill_null(0)), data(flags),
-                                data(s["i"].cast(pl.UInt32)), n)
-    out = _frame(pa.table({"parent": pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(parent)]),
-                           "depth": pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(depth)])}))
+    parent, depth = _kscan.nest(s["ts"].fill_null(0).rechunk(), s["end"].fill_null(0).rechunk(), flags.rechunk(),
+                                s["i"].cast(pl.UInt32).rechunk(), n)
+    out = _frame(n, [("parent", "l", parent, None, 0), ("depth", "i", depth, None, 0)])
     return out["parent"], out["depth"]
 
 
