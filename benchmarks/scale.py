@@ -24,7 +24,7 @@ After the rows it prints, per path, the least-squares line of wall s, driver CPU
 rank count (slope per rank, intercept), and from the Dask rows the per-rank cost (worker CPU s per rank, worker peak
 MB) with the projection for --project-ranks ranks of --project-mb MB each on N workers:
     wall(N) ~ ranks * (worker CPU s per rank) * (project MB / source MB) / N + ranks * (driver s per rank) + intercept
-    worker memory ~ (worker peak MB) * (project MB / source MB) per worker thread
+    worker memory <= (worker peak MB) * (project MB / source MB) per worker thread (imports scaled too: an upper bound)
     driver peak ~ intercept MB + ranks * (driver MB per rank)
 the source MB being the uncompressed size of one synthetic rank's trace (the per-rank cost scales with it linearly,
 as the ingest measurements in benchmarks/README.md show); an estimate from measured inputs, not a measurement.
@@ -130,10 +130,8 @@ def _rank_mb(src: Path) -> float:
 
 
 def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares (slope, intercept) of ys on xs; one point gives slope ys/xs through the origin."""
+    """Least-squares (slope, intercept) of ys on xs (two rank counts at least)."""
     n = len(xs)
-    if n == 1 or len(set(xs)) == 1:
-        return sum(ys) / n / xs[0], 0.0
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
@@ -146,6 +144,9 @@ def report(rows: list[dict], rank_mb: float, p_ranks: int, p_mb: float, p_worker
         if not mine:
             continue
         xs = [r["ranks"] for r in mine]
+        if len(set(xs)) < 2:
+            print(f"{mode}: one rank count; the fit and the projection need two (--ranks 32,128)")
+            continue
         print(f"{mode}: linear fit over ranks {xs} (slope per rank, intercept):")
         for key, label in (("wall", "wall s"), ("cpu", "driver CPU s"), ("rss_mb", "driver peak MB"),
                            ("worker_cpu", "worker CPU s")):
@@ -153,7 +154,7 @@ def report(rows: list[dict], rank_mb: float, p_ranks: int, p_mb: float, p_worker
                 s, b = fit(xs, [r[key] for r in mine])
                 print(f"  {label:>15}: {s:.4f} per rank + {b:.2f}")
     dask = [r for r in rows if r["mode"] == "dask" and "worker_cpu" in r]
-    if not dask:
+    if len({r["ranks"] for r in dask}) < 2:
         return
     xs = [r["ranks"] for r in dask]
     cpu_rank, _ = fit(xs, [r["worker_cpu"] for r in dask])
@@ -165,7 +166,7 @@ def report(rows: list[dict], rank_mb: float, p_ranks: int, p_mb: float, p_worker
           f"{wpeak:.0f} MB (largest worker), driver CPU {drv_rank:.4f} s per rank, driver {mem_rank:.3f} MB per rank")
     print(f"projection, {p_ranks} ranks x {p_mb:.0f} MB (x{scale:.1f} per rank): wall(N) ~ {p_ranks} x {cpu_rank:.3f}"
           f" x {scale:.1f} / N + {p_ranks} x {drv_rank:.4f} + {drv_b:.1f} s; driver peak ~ {mem_b:.0f} + {p_ranks} x "
-          f"{mem_rank:.3f} = {mem_b + p_ranks * mem_rank:.0f} MB; worker peak ~ {wpeak * scale:.0f} MB per worker thread")
+          f"{mem_rank:.3f} = {mem_b + p_ranks * mem_rank:.0f} MB; worker peak <= {wpeak * scale:.0f} MB per worker thread (the whole peak scaled, its imports too)")
     for n in p_workers:
         wall = p_ranks * cpu_rank * scale / n + p_ranks * drv_rank + drv_b
         print(f"  N = {n:>4} workers: ~{wall:,.0f} s wall, {p_ranks * cpu_rank * scale:,.0f} worker CPU s in all")
