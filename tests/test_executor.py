@@ -235,3 +235,14 @@ def test_the_local_scheduler_gives_each_worker_one_polars_thread(monkeypatch):
         client.close()
         client.cluster.close()
     assert seen == {"1"}
+
+
+def test_the_driver_holds_every_shipped_table_in_one_chunk(client):
+    # rank outputs are concatenated once and rechunked, so that no per-rank chunk outlives its output (a plain concat
+    # kept a thousand small chunks per column alive at 1,024 ranks, and every cross-rank query walked them)
+    run_dir = REPO / "fixtures" / "h200x2-straggler"
+    res = pipeline.check(run_dir, use_cache=False, scheduler=client)
+    ship = executor.plan(load_rules()).ship
+    held = {n: df for n, df in res.run.tables.items() if n in ship and df.height}
+    assert len([s for s in res.run.sources if s.rank is not None]) >= 2 and held
+    assert {n: df.n_chunks() for n, df in held.items()} == {n: 1 for n in held}

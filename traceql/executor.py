@@ -445,23 +445,30 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
     wait([f for _, _, f in tasks])
     reads.clear()  # the sources' tables: released on the workers once every rank task that read them is done
     meta_futs.clear()
-    for g, full, fut in sorted(tasks, key=lambda t: min(position[s.id] for s in t[0])):
-        if fut.status == "finished":
-            outputs.append(fut.result())
-            kept.append((g, full))
-            continue
-        e = fut.exception()
-        reason = f"its rank task failed on the Dask cluster ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"
-        for s in g:
-            s.status, s.detail = "error", reason
+    tasks.sort(key=lambda t: min(position[s.id] for s in t[0]))
+    done = [(g, full, fut) for g, full, fut in tasks if fut.status == "finished"]
+    for g, _, fut in tasks:
+        if fut.status != "finished":
+            e = fut.exception()
+            reason = f"its rank task failed on the Dask cluster ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"
+            for s in g:
+                s.status, s.detail = "error", reason
+    # one gather for every rank (a round trip per rank was most of the driver's wait at 1,024 ranks); each rank's
+    # for_driver future is released once fetched, and its rank task's only where a later task reads what it kept
+    outputs: list[RankOutput] = client.gather([fut for _, _, fut in done])
+    needs_kept = bool(p.remote or p.late)
+    kept = [(g, full if needs_kept else None) for g, full, _ in done]
+    del tasks, done
+    # every rank's frames concatenated once and rechunked, so that the per-rank chunks are freed with the outputs
+    # (a plain concat keeps a thousand small chunks per column alive, and every cross-rank query walks them)
     frames: dict[str, list[pl.DataFrame]] = {}
     for o in outputs:
         for name, df in o.tables.items():
             frames.setdefault(name, []).append(df)
-    tables = {n: concat(n, frames.get(n, [])) for n in SCHEMAS}
-    for name, fs in frames.items():
-        if name not in SCHEMAS:
-            tables[name] = pl.concat(fs, how="diagonal_relaxed")
+        o.tables = {}
+    tables = {n: concat(n, frames.pop(n, [])).rechunk() for n in SCHEMAS}
+    for name in list(frames):
+        tables[name] = pl.concat(frames.pop(name), how="diagonal_relaxed", rechunk=True)
     run = Run(path=run_path, sources=meta_run.sources, tables={**tables, "source_problems": meta_run.tables["source_problems"]})
     run.notes = list(meta_run.notes)
     for o in outputs:
