@@ -34,13 +34,16 @@ def _by_time(df: pl.DataFrame, steps: pl.DataFrame) -> pl.Series:
             continue
         # Series operations only: each eager DataFrame filter or with_columns is a polars plan of its own, and
         # this loop runs once per (rank, source)
-        ts = rows["ts"].fill_null(-(1 << 62))
-        pos = st["ts"].search_sorted(ts, side="right").cast(pl.Int64) - 1
-        started = pos >= 0
-        at, ts, pos = rows["_i"].filter(started), ts.filter(started), pos.filter(started)
-        inside = ts < st["end"].gather(pos)
+        # (fill_null and gather dispatch to expressions, a plan each; indexing by an index-typed Series does not)
+        ts = rows["ts"]
+        if ts.null_count():
+            ts = ts.fill_null(-(1 << 62))
+        after = st["ts"].search_sorted(ts, side="right")  # index-typed: how many steps start at or before ts
+        started = after > 0
+        at, ts, pos = rows["_i"].filter(started), ts.filter(started), after.filter(started) - 1
+        inside = ts < st["end"][pos]
         rows_at.append(at.filter(inside))
-        steps_of.append(st["step"].gather(pos).filter(inside))
+        steps_of.append(st["step"][pos].filter(inside))
     if not rows_at:
         return pl.Series("step", [None] * n, dtype=pl.Int64)
     found_at, found_step = pl.concat(rows_at), pl.concat(steps_of)
