@@ -127,7 +127,18 @@ def load(source: Source, key: str) -> dict[str, pl.DataFrame] | None:
     _touch(d)
     source.status, source.detail, source.rank, source.ranks, source.rank_origin, source.host, source.meta = fields
     # source ids are per discovery; restamp them
-    return {n: t.with_columns(pl.lit(source.id, dtype=pl.Int32).alias("source")) for n, t in tables.items()}
+    return {n: _restamp(t, source.id) for n, t in tables.items()}
+
+
+def _restamp(t, source_id: int):
+    """t with its source column (in place, or appended) set to source_id: built as a Series, not by with_columns,
+    which runs a polars plan per table of every cached source on each warm check."""
+    import polars as pl
+
+    col = pl.Series("source", [source_id], dtype=pl.Int32).new_from_index(0, t.height)
+    if "source" in t.columns:
+        return t.clone().replace_column(t.get_column_index("source"), col)
+    return t.hstack([col])
 
 
 def store(source: Source, key: str, tables: dict[str, pl.DataFrame]) -> None:

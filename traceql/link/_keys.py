@@ -21,7 +21,8 @@ def packed_key(frames: list[pl.DataFrame], cols: list[str]) -> pl.Expr | None:
         for df in frames:
             if c not in df.columns or not df.schema[c].is_integer():
                 return None
-            s = df.select(pl.col(c).min().alias("lo"), pl.col(c).max().alias("hi")).row(0)
+            col = df.get_column(c)  # Series min and max: no polars plan per column and frame, as a select is
+            s = (col.min(), col.max())
             if s[0] is None:
                 continue
             lo = s[0] if lo is None else min(lo, s[0])

@@ -27,23 +27,29 @@ def _by_time(df: pl.DataFrame, steps: pl.DataFrame) -> pl.Series:
         return pl.Series("step", [None] * n, dtype=pl.Int64)
     keyed = df.select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "ts").with_row_index("_i")
     groups = steps.sort("ts").partition_by(_BY, as_dict=True)
-    parts = []
+    rows_at, steps_of = [], []
     for key, rows in keyed.partition_by(_BY, as_dict=True).items():
         st = groups.get(key)
         if st is None:
             continue
-        ts = rows["ts"].fill_null(-(1 << 62))
-        pos = (st["ts"].search_sorted(ts, side="right").cast(pl.Int64) - 1).alias("_pos")
-        cand = pl.DataFrame({"_i": rows["_i"], "ts": ts, "_pos": pos}).filter(pl.col("_pos") >= 0)
-        idx = cand["_pos"]
-        cand = cand.with_columns(st["end"].gather(idx).alias("_end"), st["step"].gather(idx).alias("step"))
-        parts.append(cand.filter(pl.col("ts") < pl.col("_end")).select("_i", "step"))
-    if not parts:
+        # Series operations only: each eager DataFrame filter or with_columns is a polars plan of its own, and
+        # this loop runs once per (rank, source)
+        # (fill_null and gather dispatch to expressions, a plan each; indexing by an index-typed Series does not)
+        ts = rows["ts"]
+        if ts.null_count():
+            ts = ts.fill_null(-(1 << 62))
+        after = st["ts"].search_sorted(ts, side="right")  # index-typed: how many steps start at or before ts
+        started = after > 0
+        at, ts, pos = rows["_i"].filter(started), ts.filter(started), after.filter(started) - 1
+        inside = ts < st["end"][pos]
+        rows_at.append(at.filter(inside))
+        steps_of.append(st["step"][pos].filter(inside))
+    if not rows_at:
         return pl.Series("step", [None] * n, dtype=pl.Int64)
-    found = pl.concat(parts)
+    found_at, found_step = pl.concat(rows_at), pl.concat(steps_of)
     # _i is the row number: put each found step in its place (no join on millions of row numbers)
     out = pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("step")
-    return out.scatter(found["_i"], found["step"].cast(pl.Int64)) if found.height else out
+    return out.scatter(found_at, found_step.cast(pl.Int64)) if found_at.len() else out
 
 
 def assign_steps(run: Run) -> None:
