@@ -152,7 +152,11 @@ def _reference(run: Run) -> pl.DataFrame:
 
 
 @pytest.mark.parametrize("name", DIRS)
-def test_vectorised_walk_equals_the_reference_walk(name):
+@pytest.mark.parametrize("runs_from", [0, None])
+def test_vectorised_walk_equals_the_reference_walk(name, runs_from, monkeypatch):
+    # runs_from 0: the runs on every fixture (they are built only from _RUNS_FROM kernels on); None: as shipped
+    if runs_from is not None:
+        monkeypatch.setattr("traceql.link.critical_path._RUNS_FROM", runs_from)
     run = load_run(ROOT / name)
     got = link.ensure(run, "critical_path")
     assert_frame_equal(got, _reference(run))
