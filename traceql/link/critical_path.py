@@ -252,7 +252,15 @@ class _HostView:
         if not gaps:
             return {}
         g = pl.DataFrame(gaps, schema={"step": pl.Int64, "rank": pl.Int64, "a": pl.Int64, "b": pl.Int64},
-                         orient="row").with_row_index("_i")
+                         orient="row")
+        g = self.charge(g)
+        per = g.group_by("step").agg(pl.col("launch", "sync", "input", "comm", "other").sum())
+        return {row["step"]: row for row in per.iter_rows(named=True)}
+
+    def charge(self, g: pl.DataFrame) -> pl.DataFrame:
+        """Per gap [a, b) of rank (Int64 columns rank, a, b): its launch, sync, input, comm and other parts (classify's
+        split, row by row)."""
+        g = g.with_row_index("_i")
         w = {name: self._upto(name, g, "b") - self._upto(name, g, "a") for name in self.cover}
         g = g.with_columns(*(v.clip(lower_bound=0).alias(f"_{n}") for n, v in w.items()))
         span = pl.col("b") - pl.col("a")
@@ -261,9 +269,7 @@ class _HostView:
         g = g.with_columns(pl.min_horizontal(span - pl.col("input") - pl.col("comm"), pl.col("_sync")).alias("sync"))
         g = g.with_columns((span - pl.col("input") - pl.col("comm") - pl.col("sync")).alias("_rest"))
         g = g.with_columns(pl.min_horizontal(pl.col("_rest"), pl.col("_ops")).alias("launch"))
-        g = g.with_columns((pl.col("_rest") - pl.col("launch")).alias("other"))
-        per = g.group_by("step").agg(pl.col("launch", "sync", "input", "comm", "other").sum())
-        return {row["step"]: row for row in per.iter_rows(named=True)}
+        return g.with_columns((pl.col("_rest") - pl.col("launch")).alias("other"))
 
     def wait(self, r: int, a: int, b: int) -> tuple[int, int] | None:
         """(end of the wait, late rank) of rank r's latest host-side collective wait for another rank that ends
@@ -289,6 +295,81 @@ class _HostView:
         return v[1][i] if i >= 0 else None
 
 
+_GUARD = 10_000_000
+# below this many kernels the walk's own code is quicker than building the runs (a fixed ~0.05 s of polars queries)
+_RUNS_FROM = 20_000
+_NEVER = 1 << 62
+_SUMS = ("_comp", "_comm", "_idle", "_n", "launch", "sync", "input", "comm", "other")
+
+
+def _interior_runs(k: pl.DataFrame, prev: pl.Series, waits: dict, host: _HostView,
+                   step_start: dict) -> dict[str, memoryview]:
+    """The walk's plain visits, all at once. A visit of kernel K (the walk reaches it at its end) whose previous
+    activity P exists, that waits for no later rank (no collective wait, no host-side collective wait in its gap)
+    and that the step's start does not cut (every step s whose start on K's rank is at or after P's end: s >= T[K])
+    adds K's duration, then the idle or host gap from P's end to K's start, and goes on to P, whatever the step.
+    Kernels whose successive plain visits have one T form runs; per kernel: the sums to the end of its run and the
+    kernel the run hands on to, by pointer doubling (log2 of the run's length rounds of gathers). The walk then
+    crosses a run in one step; every other visit (ff is 0) takes the walk's own code."""
+    n = k.height
+    d = k.select(pl.col("rank").cast(pl.Int64), "ts", "end", (pl.col("kind") == "comm").fill_null(False).alias("_isc"),
+                 pl.col("launch_end").fill_null(_NO_TIME).alias("_lend")).with_columns(
+        prev.alias("_p"), pl.int_range(n, dtype=pl.Int64).alias("_i"))
+    d = d.with_columns(pl.col("end").gather(pl.col("_p")).alias("_e"))
+    d = d.with_columns((pl.col("_lend") > pl.col("_e")).fill_null(False).alias("_hg"))
+    # T: the first step whose start on the rank is at or after P's end (a suffix minimum over the rank's starts)
+    st = pl.DataFrame([(r, s, t) for (r, s), t in step_start.items() if r is not None and s is not None and t is not None],
+                      schema={"rank": pl.Int64, "_s": pl.Int64, "_w0": pl.Int64}, orient="row")
+    st = st.group_by("rank", "_w0").agg(pl.col("_s").min()).sort("rank", "_w0", descending=[False, True]).with_columns(
+        pl.col("_s").cum_min().over("rank").alias("_T")).sort("_w0")
+    known = d.filter(pl.col("_e").is_not_null()).select("_i", "rank", "_e").sort("_e")
+    tt = known.join_asof(st.select("rank", "_w0", "_T"), left_on="_e", right_on="_w0", by="rank", strategy="forward",
+                         check_sortedness=False).select("_i", "_T")
+    d = d.join(tt, on="_i", how="left").sort("_i").with_columns(pl.col("_T").fill_null(_NEVER))
+    special = pl.col("_p").is_null() | pl.col("_i").is_in(pl.Series(list(waits), dtype=pl.Int64).implode())
+    if host.waits:
+        hw = pl.DataFrame([(r, e) for r, (ends, _) in host.waits.items() for e in ends],
+                          schema={"rank": pl.Int64, "_we": pl.Int64}, orient="row").sort("_we")
+        hj = d.filter(pl.col("_hg")).select("_i", "rank", "_e", "ts").sort("ts").join_asof(
+            hw, left_on="ts", right_on="_we", by="rank", strategy="backward", check_sortedness=False)
+        waited = hj.filter(pl.col("_we") > pl.col("_e"))["_i"]
+        special = special | pl.col("_i").is_in(waited.implode())
+    d = d.with_columns(special.alias("_sp"))
+    dur = (pl.col("end") - pl.col("ts")).clip(lower_bound=0)
+    gap = pl.col("_hg") & (pl.col("ts") > pl.col("_e"))
+    d = d.with_columns(
+        pl.when(~pl.col("_isc")).then(dur).otherwise(0).alias("_comp"),
+        pl.when(pl.col("_isc")).then(dur).otherwise(0).alias("_comm"),
+        pl.when(~pl.col("_hg")).then((pl.col("ts") - pl.col("_e")).clip(lower_bound=0)).otherwise(0).fill_null(0).alias("_idle"),
+        pl.lit(1, dtype=pl.Int64).alias("_n"), gap.fill_null(False).alias("_gap"))
+    zeros = [pl.lit(0, dtype=pl.Int64).alias(c) for c in ("launch", "sync", "input", "comm", "other")]
+    gaps = d.filter(pl.col("_gap") & ~pl.col("_sp")).select(pl.col("_i").alias("_k"), "rank", pl.col("_e").alias("a"), pl.col("ts").alias("b"))
+    if gaps.height:
+        parts = host.charge(gaps).select(pl.col("_k").alias("_i"), *(pl.col(c).cast(pl.Int64) for c in ("launch", "sync", "input", "comm", "other")))
+        d = d.join(parts.with_columns(pl.col("_i").cast(pl.Int64)), on="_i", how="left").sort("_i").with_columns(
+            pl.col("launch", "sync", "input", "comm", "other").fill_null(0))
+    else:
+        d = d.with_columns(zeros)
+    # the next kernel in the run: P, where K and P are plain and share T
+    nxt = pl.when(~pl.col("_sp") & ~pl.col("_sp").gather(pl.col("_p")).fill_null(True)
+                  & (pl.col("_T").gather(pl.col("_p")) == pl.col("_T"))).then(pl.col("_p"))
+    w = d.select(*(pl.when(pl.col("_sp")).then(0).otherwise(pl.col(c)).alias(c) for c in _SUMS),
+                 nxt.alias("_ptr"), pl.col("_i").alias("_last"))
+    for _ in range(64):
+        if w["_ptr"].null_count() == n:
+            break
+        g = w.select(pl.all().gather(w["_ptr"]))
+        w = w.with_columns(*((pl.col(c) + g[c].fill_null(0)).alias(c) for c in _SUMS),
+                           pl.coalesce(g["_last"], pl.col("_last")).alias("_last"), g["_ptr"].alias("_ptr"))
+    # a run that never ends (zero-length kernels that are each other's previous activity) takes the walk's own code
+    ff = ~d["_sp"] & w["_ptr"].is_null()
+    out = {c: _int_view(w[c]) for c in _SUMS}
+    out["ff"] = _int_view(ff)
+    out["T"] = _int_view(d["_T"])
+    out["exit"] = _int_view(d["_p"].gather(w["_last"]).fill_null(-1))
+    return out
+
+
 def critical_path(run: Run) -> pl.DataFrame:
     k = _kernels_aligned(run)
     if k.height == 0:
@@ -306,7 +387,8 @@ def critical_path(run: Run) -> pl.DataFrame:
     # The walk reads a few rows of millions at random: index the columns' own memory (no Python list per column).
     # Missing values become sentinels the comparisons below treat as missing: no predecessor is -1, no launch
     # end is the smallest int64 (never later than anything).
-    prev = _int_view(_prev_on_device(k).fill_null(-1))
+    pv = _prev_on_device(k)
+    prev = _int_view(pv.fill_null(-1))
     rank = _int_view(k["rank"])
     ts = _int_view(k["ts"])
     end = _int_view(k["end"])
@@ -320,6 +402,8 @@ def critical_path(run: Run) -> pl.DataFrame:
         .group_by("step").agg(pl.col("_row").get(pl.col("end").arg_max()))
     )
     host = _HostView(run, k)
+    runs = _interior_runs(k, pv, waits, host, step_start) if k.height >= _RUNS_FROM else None
+    ff, tq = (runs["ff"], runs["T"]) if runs is not None else (None, None)
     rows = []
     gaps: list[tuple[int, int, int, int]] = []  # (step, rank, a, b): host-caused gaps, charged after the walk
     for s, i in last.sort("step").iter_rows():
@@ -331,7 +415,21 @@ def critical_path(run: Run) -> pl.DataFrame:
         cur = i
         start_rank = rank[i]
         guard = 0
-        while cur is not None and guard < 10_000_000:
+        hsum = [0, 0, 0, 0, 0]
+        while cur is not None and guard < _GUARD:
+            if ff is not None and ff[cur] and tq[cur] > s and guard + runs["_n"][cur] <= _GUARD:
+                # a run of plain visits (_interior_runs): its sums, then the kernel it hands on to
+                c = cur
+                guard += runs["_n"][c]
+                n_path += runs["_n"][c]
+                comp += runs["_comp"][c]
+                comm += runs["_comm"][c]
+                idle += runs["_idle"][c]
+                for j, name_ in enumerate(("launch", "sync", "input", "comm", "other")):
+                    hsum[j] += runs[name_][c]
+                cur = runs["exit"][c]
+                t = end[cur]
+                continue
             guard += 1
             n_path += 1
             w = waits.get(cur)
@@ -375,7 +473,7 @@ def critical_path(run: Run) -> pl.DataFrame:
             # in a host-side collective (gloo), the path goes on from that rank at its arrival: its late launch,
             # data wait or sync is on the path of every rank that waited for it.
             hw = host.wait(r, a, seg_start)
-            while hw is not None and guard < 10_000_000:
+            while hw is not None and guard < _GUARD:
                 guard += 1
                 w_end, x = hw
                 if seg_start > max(a, w_end):
@@ -406,12 +504,13 @@ def critical_path(run: Run) -> pl.DataFrame:
             "compute_ms": comp / 1e6, "exposed_comm_ms": comm / 1e6, "idle_ms": idle / 1e6,
             "exposed_comm_pct": 100.0 * comm / total if total > 0 else None,
             "path_kernels": n_path, "rank_jumps": jumps, "host_jumps": host_jumps, "last_kernel": name[i],
-            "_total": total,
+            "_total": total, "_h": hsum,
         })
     zero = {"launch": 0, "sync": 0, "input": 0, "comm": 0, "other": 0}
     charged = host.classify(gaps)  # host-caused gap time per step, by what the host did
     for row in rows:
         hp = charged.get(row["step"], zero)
+        hp = {c: hp[c] + v for c, v in zip(zero, row.pop("_h"))}
         launch, total = sum(hp[c] for c in zero), row.pop("_total")
         row.update({"host_launch_ms": launch / 1e6, "host_sync_ms": hp["sync"] / 1e6, "input_wait_ms": hp["input"] / 1e6,
                     "host_comm_ms": hp["comm"] / 1e6, "host_other_ms": hp["other"] / 1e6,

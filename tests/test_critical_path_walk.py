@@ -1,0 +1,162 @@
+"""The vectorised critical-path walk (link.critical_path) against the per-kernel Python walk it replaced, kept here
+only as the reference: the table must be identical on every fixture and sample that has kernels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from traceql import link
+from traceql.link.critical_path import CP_SCHEMA, _collective_waits, _HostView, _int_view, _kernels_aligned, _note, \
+    _NO_TIME, _prev_on_device
+from traceql.model import Run
+from traceql.pipeline import load_run
+
+ROOT = Path(__file__).resolve().parents[1]
+DIRS = sorted(p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "fixtures").glob("*/manifest.json")) + ["samples/demo"]
+
+
+def _reference(run: Run) -> pl.DataFrame:
+    k = _kernels_aligned(run)
+    if k.height == 0:
+        if run.has("steps"):
+            _note(run, "critical_path: no GPU activity in the run (host-only backends such as gloo on CPU); not computed")
+        return pl.DataFrame(schema=CP_SCHEMA)
+    from traceql.link import clock, ensure
+
+    steps = run.table("steps").filter(pl.col("ts").is_not_null())
+    if run.has("collectives") and steps.height:
+        steps = clock.align(steps.with_columns(pl.col("rank").cast(pl.Int32)), ensure(run, "clock_offsets"), ["ts", "end"])
+    step_start = {(r, s): t for r, s, t in steps.group_by("rank", "step").agg(pl.col("ts").min()).iter_rows()}
+    waits = _collective_waits(run, k)
+
+    # The walk reads a few rows of millions at random: index the columns' own memory (no Python list per column).
+    # Missing values become sentinels the comparisons below treat as missing: no predecessor is -1, no launch
+    # end is the smallest int64 (never later than anything).
+    prev = _int_view(_prev_on_device(k).fill_null(-1))
+    rank = _int_view(k["rank"])
+    ts = _int_view(k["ts"])
+    end = _int_view(k["end"])
+    is_comm = _int_view((k["kind"] == "comm").fill_null(False))
+    lend = _int_view(k["launch_end"].fill_null(_NO_TIME))
+    name = k["name"]
+
+    # the last kernel of each step over all ranks (the first such row where several end together)
+    last = (
+        k.select("step", "end").with_row_index("_row").filter(pl.col("step").is_not_null())
+        .group_by("step").agg(pl.col("_row").get(pl.col("end").arg_max()))
+    )
+    host = _HostView(run, k)
+    rows = []
+    gaps: list[tuple[int, int, int, int]] = []  # (step, rank, a, b): host-caused gaps, charged after the walk
+    for s, i in last.sort("step").iter_rows():
+        comp = comm = idle = 0
+        t = end[i]
+        t_end = end[i]
+        on_path = {rank[i]}
+        n_path = jumps = host_jumps = 0
+        cur = i
+        start_rank = rank[i]
+        guard = 0
+        while cur is not None and guard < 10_000_000:
+            guard += 1
+            n_path += 1
+            w = waits.get(cur)
+            if w is not None and w[0] < t:
+                # a collective kernel that waited for a later rank: the time after that rank's arrival is
+                # exposed communication; the path goes on from the last arriver's collective kernel
+                arr, lrow = w
+                comm += t - max(arr, ts[cur])
+                jumps += 1
+                on_path.add(rank[lrow])
+                cur = lrow
+                t = ts[cur]
+            else:
+                w0 = step_start.get((rank[cur], s))
+                # a kernel that began before the step on its rank counts from the step's start: the path ends there
+                dur = max(0, min(t, end[cur]) - max(ts[cur], w0 if w0 is not None else ts[cur]))
+                if is_comm[cur]:
+                    comm += dur
+                else:
+                    comp += dur
+            seg_start = ts[cur]
+            r = rank[cur]
+            w0 = step_start.get((r, s))
+            p = prev[cur]
+            if p < 0:
+                p = None
+            p_end = end[p] if p is not None else None
+            at_start = w0 is not None and (p_end is None or p_end <= w0)
+            if not at_start and p is None:
+                t = seg_start
+                break
+            a = w0 if at_start else p_end
+            if lend[cur] <= a:  # the kernel was queued before the device went idle: not the host's doing
+                idle += max(0, seg_start - a)
+                t = a
+                if at_start:
+                    break
+                cur = p
+                continue
+            # the GPU waited for the host to launch the kernel. Where the host was then waiting for a later rank
+            # in a host-side collective (gloo), the path goes on from that rank at its arrival: its late launch,
+            # data wait or sync is on the path of every rank that waited for it.
+            hw = host.wait(r, a, seg_start)
+            while hw is not None and guard < 10_000_000:
+                guard += 1
+                w_end, x = hw
+                if seg_start > max(a, w_end):
+                    gaps.append((s, r, max(a, w_end), seg_start))
+                jumps += 1
+                host_jumps += 1
+                on_path.add(x)
+                r, seg_start = x, w_end
+                w0 = step_start.get((x, s))
+                p = host.last_kernel_before(x, w_end)
+                at_start = w0 is not None and (p is None or end[p] <= w0)
+                if not at_start and p is None:
+                    break
+                a = w0 if at_start else end[p]
+                hw = host.wait(r, a, seg_start)
+            if not at_start and p is None:
+                t = seg_start
+                break
+            if seg_start > a:
+                gaps.append((s, r, a, seg_start))
+            t = a
+            if at_start:
+                break
+            cur = p
+        total = t_end - t
+        rows.append({
+            "step": s, "rank": start_rank, "ranks_on_path": sorted(on_path), "step_ms": total / 1e6,
+            "compute_ms": comp / 1e6, "exposed_comm_ms": comm / 1e6, "idle_ms": idle / 1e6,
+            "exposed_comm_pct": 100.0 * comm / total if total > 0 else None,
+            "path_kernels": n_path, "rank_jumps": jumps, "host_jumps": host_jumps, "last_kernel": name[i],
+            "_total": total,
+        })
+    zero = {"launch": 0, "sync": 0, "input": 0, "comm": 0, "other": 0}
+    charged = host.classify(gaps)  # host-caused gap time per step, by what the host did
+    for row in rows:
+        hp = charged.get(row["step"], zero)
+        launch, total = sum(hp[c] for c in zero), row.pop("_total")
+        row.update({"host_launch_ms": launch / 1e6, "host_sync_ms": hp["sync"] / 1e6, "input_wait_ms": hp["input"] / 1e6,
+                    "host_comm_ms": hp["comm"] / 1e6, "host_other_ms": hp["other"] / 1e6,
+                    "host_launch_pct": 100.0 * launch / total if total > 0 else None})
+    if not rows:
+        return pl.DataFrame(schema=CP_SCHEMA)
+    return pl.DataFrame(rows, schema=CP_SCHEMA)
+
+
+@pytest.mark.parametrize("name", DIRS)
+@pytest.mark.parametrize("runs_from", [0, None])
+def test_vectorised_walk_equals_the_reference_walk(name, runs_from, monkeypatch):
+    # runs_from 0: the runs on every fixture (they are built only from _RUNS_FROM kernels on); None: as shipped
+    if runs_from is not None:
+        monkeypatch.setattr("traceql.link.critical_path._RUNS_FROM", runs_from)
+    run = load_run(ROOT / name)
+    got = link.ensure(run, "critical_path")
+    assert_frame_equal(got, _reference(run))
