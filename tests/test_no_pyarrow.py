@@ -69,13 +69,8 @@ def test_reading_kineto_traces_imports_no_pyarrow(tmp_path, kscan):
     assert _heavy(mods) == []
 
 
-# The critical-path walk (traceql/link/critical_path.py, another branch's) viewed its columns through
-# Series.to_arrow(); while it does, the whole command still imports pyarrow there and this test is expected to fail.
-_CRITPATH_USES_ARROW = ".to_arrow()" in (REPO / "traceql" / "link" / "critical_path.py").read_text()
-
-
-@pytest.mark.xfail(_CRITPATH_USES_ARROW, strict=True,
-                   reason="link/critical_path.py _int_view still calls Series.to_arrow() (imports pyarrow)")
+# The whole command on a small run: the critical-path walk views long columns through pyarrow (zero-copy) only from
+# link.critical_path._VIEW_IN_PLACE rows on, so the demo's check imports neither pyarrow nor numpy.
 def test_check_of_the_demo_imports_no_pyarrow(tmp_path):
     mods = _modules(tmp_path, "check", str(DEMO), "-q", "--no-cache", "--fail-on", "never")
     assert "traceql.rules.engine" in mods

@@ -43,6 +43,8 @@ def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
                         pending = d.unused_data
                         if not pending and not (pending := f.read(65536)):
                             break
+                        while len(pending) < 2 and (more := f.read(65536)):  # a member that ends a byte short of a read
+                            pending += more
                         if pending[:2] != b"\x1f\x8b":
                             break  # trailing garbage after a complete member: what decompressed is the head
                         d = zlib.decompressobj(16 + zlib.MAX_WBITS)

@@ -1441,7 +1441,8 @@ static PyObject *kscan_arrow(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "n must be >= 0");
         return NULL;
     }
-    /* Check everything before moving anything: an error leaves the MBufs as they were. */
+    /* Check everything before moving anything: a bad argument leaves the MBufs as they were (running out of memory
+       part-way leaves the columns moved so far empty). */
     for (Py_ssize_t i = 0; i < k; i++) {
         PyObject *t = PyList_GET_ITEM(cols, i), *name, *data, *valid;
         const char *fmt;

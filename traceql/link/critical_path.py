@@ -41,6 +41,8 @@ exposed communication bounds the run's typical step (TQL104's median) is the rul
 
 from __future__ import annotations
 
+from array import array
+
 import polars as pl
 
 from traceql.link._keys import first_match
@@ -149,10 +151,17 @@ def _collective_waits(run: Run, k: pl.DataFrame) -> dict[int, tuple[int, int]]:
 _NO_TIME = -(1 << 63)
 
 
+# From this many rows a column is viewed in place through pyarrow (zero-copy); below it, copied into an array of
+# int64: pyarrow's import costs more than the copy of a small trace's columns, and most checks never need it.
+_VIEW_IN_PLACE = 1 << 18
+
+
 def _int_view(s: pl.Series) -> memoryview:
-    """A Series of integers or booleans without nulls as a memoryview of Python ints (zero-copy for int64)."""
+    """A Series of integers or booleans without nulls as a memoryview of Python ints (zero-copy for long columns)."""
     if s.null_count():
         raise ValueError(f"column {s.name!r} has nulls: fill them before viewing it")
+    if s.len() < _VIEW_IN_PLACE:
+        return memoryview(array("q", s.cast(pl.Int64).to_list()))
     arr = s.cast(pl.Int64).rechunk().to_arrow()
     if arr.null_count:  # pragma: no cover - checked above
         raise ValueError(s.name)
