@@ -25,8 +25,10 @@ from traceql.ingest import kineto
 from traceql.ingest.loader import ingest
 from traceql.model import SCHEMAS, Source, conform
 
-TRACES = sorted([*SAMPLES.glob("*/rank*.pt.trace.json.gz"), *FIXTURES.glob("*/rank*.pt.trace.json.gz"),
-                 *FIXTURES.glob("*/kineto_trace.json.gz")])
+# every recorded trace except those damaged on purpose (a fixture's manifest names them under "damaged")
+_DAMAGED = {m.parent / f for m in FIXTURES.glob("*/manifest.json") for f in json.loads(m.read_text()).get("damaged", [])}
+TRACES = sorted(p for p in [*SAMPLES.glob("*/rank*.pt.trace.json.gz"), *FIXTURES.glob("*/rank*.pt.trace.json.gz"),
+                            *FIXTURES.glob("*/kineto_trace.json.gz")] if p not in _DAMAGED)
 IDS = [f"{p.parent.name}/{p.name.split('.')[0]}" for p in TRACES]
 DEMO0 = SAMPLES / "demo" / "rank0.pt.trace.json.gz"
 DEMO1 = SAMPLES / "demo" / "rank1.pt.trace.json.gz"
