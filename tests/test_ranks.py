@@ -233,3 +233,14 @@ def test_missing_ranks_are_ranges_even_for_a_huge_world(tmp_path, ws, missing, n
 def test_an_implausible_world_size_names_no_missing_rank(tmp_path, ws):
     run = load_run(_one_rank_of(tmp_path, ws), use_cache=False)
     assert run.table("source_problems").filter(pl.col("problem") == "missing-rank").height == 0
+
+
+def test_an_nsys_export_names_its_world_size_from_the_recorded_environment(tmp_path):
+    # rank 0's export of a 2-rank torchrun job (WORLD_SIZE="2" in its recorded environment), without rank 1's
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(FIXTURES / "h200x2-straggler-nsys" / "rank0.nsys.sqlite", run / "rank0.nsys.sqlite")
+    res, doc = check_json(run)
+    (f,) = [f for f in doc["findings"] if f["rule"] == "TQL002"]
+    assert f["evidence"]["origin"] == "WORLD_SIZE in the recorded environment" and f["evidence"]["missing"] == "1"
+    assert res.exit_code == 1

@@ -56,6 +56,8 @@ READER_ENV = "TRACEQL_NSYS_READER"  # "sqlite3" forces the standard-library read
 
 # Environment variables (in the launched process's recorded environment) that name the global rank, best first.
 _RANK_ENV = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+# the world size the launcher gave the process (torchrun, Open MPI, PMI, Slurm): which ranks the run dir should hold
+_WORLD_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
 _RANK_ARG = re.compile(r"^--(?:rank|global[-_]rank)(?:=(\d+))?$")
 
 # CUPTI enum values, for exports without ENUM_* tables (nsys 2022.x).
@@ -543,7 +545,7 @@ def _capture_env(db: _Db) -> tuple[dict[str, str], list[str]]:
             continue
         if name.endswith(":ENVIRONMENT_VARIABLE") and "=" in value:
             k, v = value.split("=", 1)
-            if k in _RANK_ENV or k == "LOCAL_RANK":
+            if k in _RANK_ENV or k in _WORLD_ENV or k == "LOCAL_RANK":
                 env[k] = v.strip().strip('"')
         elif re.search(r":ARGUMENT_\d+$", name):
             args.append(value)
@@ -556,6 +558,10 @@ def _assign_ranks(db: _Db, source, pids: pl.DataFrame) -> tuple[pl.DataFrame, st
     n = pids.height
     if n == 1:
         env, args = _capture_env(db)
+        for key in _WORLD_ENV:
+            if env.get(key, "").isdigit():
+                source.meta["world_size"] = int(env[key])  # link.ranks names the ranks no source holds (TQL002)
+                break
         for key in _RANK_ENV:
             if env.get(key, "").isdigit():
                 return pids.with_columns(pl.lit(int(env[key])).alias("rank")), f"env {key}", ""

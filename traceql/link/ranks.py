@@ -17,7 +17,7 @@ environment, log prefixes) or its file name. Two things are settled here, becaus
 
 Rules that compare ranks (cross_rank) are skipped by the engine while any rank collided (`collided_ranks`).
 
-- A rank the run's own traces say exists (Kineto distributedInfo world_size) but no
+- A rank the run's own traces say exists (Kineto distributedInfo world_size, WORLD_SIZE in an nsys export's recorded environment) but no
   source holds, readable or not, is a `source_problems` row too (problem missing-rank, rule TQL002): a run dir
   with one rank's trace lost, or only rank 0 profiled, otherwise reads as a smaller world whose cross-rank rules
   (straggler, desync, divergence) compared everyone and found nothing.
@@ -207,7 +207,8 @@ def _missing(run: Run) -> list[dict]:
         nxt = b + 1
     n_missing = ws - len(held)
     text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in gaps[:12]) + (", ..." if len(gaps) > 12 else "")
-    origin = "distributedInfo.world_size" if by.kind == "kineto" else f"{by.kind} metadata"
+    origin = {"kineto": "distributedInfo.world_size", "nsys": "WORLD_SIZE in the recorded environment"}.get(
+        by.kind, f"{by.kind} metadata")
     rel = _rel(run, by.path)
     detail = (f"{rel} says world size {ws}, but {n_missing} rank(s) have no source in the run dir ({text}); rules that "
               f"compare ranks see only the {len(held)} present")
