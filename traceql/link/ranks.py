@@ -30,6 +30,7 @@ from pathlib import Path
 import polars as pl
 
 from traceql.model import Run, Source
+from traceql.model.ranks import format_runs, runs
 
 # A process's lines of one rank may be spread over several files of these kinds.
 _COMPLEMENTARY = ("nccl_log", "torch_logs")
@@ -170,16 +171,6 @@ def _collisions(run: Run) -> list[dict]:
     return rows
 
 
-def _ranges(ranks: list[int]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for r in ranks:
-        if out and r == out[-1][1] + 1:
-            out[-1] = (out[-1][0], r)
-        else:
-            out.append((r, r))
-    return out
-
-
 def _missing(run: Run) -> list[dict]:
     """One row when the world size the sources state names ranks that no source holds (see the module docstring).
     A source that claims a rank accounts for it even when it could not be read: that rank is an error, not missing."""
@@ -201,12 +192,12 @@ def _missing(run: Run) -> list[dict]:
         return []
     # the gaps between held ranks, as ranges: never a list of a million ints for a header that claims that many
     gaps, nxt = [], 0
-    for a, b in _ranges(held) + [(ws, ws)]:
+    for a, b in runs(held) + [(ws, ws)]:
         if a > nxt:
             gaps.append((nxt, a - 1))
         nxt = b + 1
     n_missing = ws - len(held)
-    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in gaps[:12]) + (", ..." if len(gaps) > 12 else "")
+    text = format_runs(gaps, limit=12)
     origin = {"kineto": "distributedInfo.world_size", "nsys": "WORLD_SIZE in the recorded environment"}.get(
         by.kind, f"{by.kind} metadata")
     rel = _rel(run, by.path)
