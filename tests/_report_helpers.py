@@ -17,6 +17,10 @@ HOSTILE = "<script>alert(1)</script>"
 
 # The run dirs the report tests run on: the committed sample always, the corpus's trace_filter where present.
 RUN_DIRS = [pytest.param(DEMO, id="demo"), pytest.param(TRACE_FILTER, id="corpus-trace_filter", marks=pytest.mark.corpus)]
+# The real cpu-ddp-eager capture less rank 1's files (hand-made): gloo on CPU, so no kernels, and a finding about the
+# run (the missing rank) rather than about a rank. The reports that must cope with any run (HTML, SARIF) take it too.
+LOST_RANK = Path(__file__).resolve().parents[1] / "fixtures" / "lost-rank-cpu-ddp-eager"
+ANY_RUN_DIRS = [*RUN_DIRS, pytest.param(LOST_RANK, id="lost-rank")]
 
 
 def need(path: Path) -> Path:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from _report_helpers import HOSTILE, RUN_DIRS, checked, hostile_run, need
+from _report_helpers import ANY_RUN_DIRS, HOSTILE, RUN_DIRS, checked, hostile_run, need
 from conftest import FIXTURES
 
 from traceql.report import html, html_timeline
 
 
-@pytest.fixture(scope="module", params=RUN_DIRS)
+@pytest.fixture(scope="module", params=ANY_RUN_DIRS)
 def result(request):
     """The committed sample run (always) and the corpus's trace_filter (where present)."""
     return checked(str(need(request.param)))

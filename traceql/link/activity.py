@@ -35,7 +35,40 @@ def activity(run: Run) -> pl.DataFrame:
             pl.col("rank").is_in([r for r in host_ranks if r not in gpu_ranks]) & (pl.col("cat") == "cpu_op") & ~pl.col("name").str.contains(_COMM_OP)
         )
         parts.append(ops.select(*cols, "name", pl.lit("compute").alias("kind"), pl.lit("host").alias("side")))
-    return pl.concat([p.select([pl.col(c).cast(t) for c, t in SCHEMA.items()]) for p in parts]).sort(["rank", "ts"], maintain_order=True)
+    out = pl.concat([p.select([pl.col(c).cast(t) for c, t in SCHEMA.items()]) for p in parts])
+    if coll.height:
+        out = _split_at_steps(out, run.table("steps"))
+    return out.sort(["rank", "ts"], maintain_order=True)
+
+
+def _split_at_steps(a: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """Host-side intervals cut at the step windows they cross, each piece in the step it lies in.
+
+    A gloo collective runs on its worker thread and can end after the step that started it (gloo:all_reduce of
+    step 2 still running when ProfilerStep#3 begins). Counted whole in its first step, it made that step's exposed
+    communication longer than the step itself; cut at the boundary, each step holds only what ran inside it.
+    The host side's step window is its ProfilerStep range: nothing else bounds it (GPU work, which can run past the
+    host range, is never on this side). Only rows that cross a boundary are touched."""
+    st = steps.filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("step").is_not_null()).select(
+        pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), pl.col("step").cast(pl.Int64).alias("_step"),
+        pl.col("ts").cast(pl.Int64).alias("_sts"), pl.col("end").cast(pl.Int64).alias("_send"))
+    host = pl.col("side") == "host"
+    if st.height == 0 or a.filter(host).height == 0:
+        return a
+    own = a.filter(host & pl.col("step").is_not_null()).join(
+        st, left_on=["rank", "source", "step"], right_on=["rank", "source", "_step"], how="left")
+    crosses = own.filter(pl.col("_send").is_not_null() & (pl.col("end") > pl.col("_send")))
+    if crosses.height == 0:
+        return a
+    crosses = crosses.select(*SCHEMA).with_row_index("_i")
+    pieces = crosses.join(st, on=["rank", "source"], how="inner").filter(
+        (pl.col("_sts") < pl.col("end")) & (pl.col("_send") > pl.col("ts"))
+    ).select(
+        "_i", "rank", "source", pl.col("_step").alias("step"), pl.max_horizontal("ts", "_sts").alias("ts"),
+        pl.min_horizontal("end", "_send").alias("end"), "name", "kind", "side")
+    keep = a.join(crosses.select("rank", "source", "step", "ts", "end", "name", "kind", "side"),
+                  on=["rank", "source", "step", "ts", "end", "name", "kind", "side"], how="anti", nulls_equal=True)
+    return pl.concat([keep, pieces.drop("_i").select([pl.col(c).cast(t) for c, t in SCHEMA.items()])])
 
 
 DERIVED = {"activity": activity}

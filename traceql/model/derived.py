@@ -327,11 +327,12 @@ _table(
     "activity",
     doc=(
         "One row per compute or communication interval per rank, on the side that carries the facts: GPU kernels "
-        "where the rank has communication kernels, else host-side collectives and CPU ops."
+        "where the rank has communication kernels, else host-side collectives and CPU ops, cut at the step "
+        "boundaries they cross (a gloo collective that runs on past its step counts in each step it ran in)."
     ),
     builder="traceql.link.activity:activity",
     scope="rank",
-    reads=["collectives", "host_ops", "kernels"],
+    reads=["collectives", "host_ops", "kernels", "steps"],
     columns={
         "rank": (I32, "global rank"),
         "source": (I32, "source id (run.sources) the row comes from"),
