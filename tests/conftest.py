@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -11,6 +12,9 @@ REPO = Path(__file__).resolve().parents[1]
 CORPUS = Path(os.environ.get("TRACEQL_CORPUS", REPO.parent / "shared" / "corpus"))
 FIXTURES = REPO / "fixtures"
 SAMPLES = REPO / "samples"
+# files the fixtures damaged on purpose (a hand-made fixture's manifest names them under "damaged"): tests of what a
+# reader makes of a good trace leave them out; the rule tests (TQL003, TQL004) are where they count
+DAMAGED = {m.parent / f for m in FIXTURES.glob("*/manifest.json") for f in json.loads(m.read_text()).get("damaged", [])}
 
 
 @pytest.fixture(autouse=True)

@@ -26,7 +26,7 @@ RUNS = [
     "h200x2-desync", "h200-duplicate-gpu", "compile-5rank-graph-divergence", "compile-ddp-divergent",
     "compile-torch213-probe", "compile-3rank-cache-pattern", "nccl-fr-dead-rank", "nccl-log-misconfigured",
     "nccl-log-timeout-desync", "nccl-log-copied", "h200-cold-start", "compile-graph-break", "nccl-log-desync-report",
-    "corrupt-rank-cpu-ddp-eager", "lost-rank-cpu-ddp-eager",
+    "corrupt-rank-cpu-ddp-eager", "lost-rank-cpu-ddp-eager", "cut-rank-cpu-ddp-eager",
 ]
 
 

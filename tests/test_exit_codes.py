@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -31,6 +32,18 @@ def _one_line(r) -> str:
 def test_0_when_no_finding_reaches_fail_on():
     r = _check(CLEAN, "--select", "TQL101,TQL204")
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("fixture, rule", [("corrupt-rank-cpu-ddp-eager", "TQL003"), ("cut-rank-cpu-ddp-eager", "TQL004"),
+                                           ("lost-rank-cpu-ddp-eager", "TQL002")])
+def test_1_for_an_input_hole_whatever_is_selected(fixture, rule):
+    """A rule selection narrows the analysis, not whether it says a file was unreadable, cut short or missing:
+    --select TQL301 on a run with such a hole still exits 1, and only --ignore by name accepts it."""
+    run = REPO / "fixtures" / fixture
+    r = CliRunner().invoke(main, ["check", str(run), "--select", "TQL301", "--format", "json"])
+    assert r.exit_code == 1, r.output
+    assert rule in {f["rule"] for f in json.loads(r.stdout)["findings"]}
+    assert _check(run, "--select", "TQL301", "--ignore", rule).exit_code == 0
 
 
 def test_1_at_or_above_fail_on_and_0_below():

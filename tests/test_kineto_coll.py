@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
-from conftest import CORPUS, FIXTURES
+from conftest import CORPUS, DAMAGED, FIXTURES
 from traceql.discover import discover
 from traceql.ingest import _kineto_coll, kineto
 from traceql.ingest._kineto_coll import collectives
@@ -249,7 +249,7 @@ def _inputs(path: Path) -> tuple:
 def _kineto_files(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
-    return [s.path for d in sorted(root.iterdir()) if d.is_dir() for s in discover(d) if s.kind == "kineto"]
+    return [s.path for d in sorted(root.iterdir()) if d.is_dir() for s in discover(d) if s.kind == "kineto" and s.path not in DAMAGED]
 
 
 FIXTURE_TRACES = _kineto_files(FIXTURES)

@@ -19,16 +19,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
-from conftest import FIXTURES, SAMPLES
+from conftest import DAMAGED, FIXTURES, SAMPLES
 from traceql.discover import discover
 from traceql.ingest import kineto
 from traceql.ingest.loader import ingest
 from traceql.model import SCHEMAS, Source, conform
 
-# every recorded trace except those damaged on purpose (a fixture's manifest names them under "damaged")
-_DAMAGED = {m.parent / f for m in FIXTURES.glob("*/manifest.json") for f in json.loads(m.read_text()).get("damaged", [])}
+# every recorded trace except those damaged on purpose
 TRACES = sorted(p for p in [*SAMPLES.glob("*/rank*.pt.trace.json.gz"), *FIXTURES.glob("*/rank*.pt.trace.json.gz"),
-                            *FIXTURES.glob("*/kineto_trace.json.gz")] if p not in _DAMAGED)
+                            *FIXTURES.glob("*/kineto_trace.json.gz")] if p not in DAMAGED)
 IDS = [f"{p.parent.name}/{p.name.split('.')[0]}" for p in TRACES]
 DEMO0 = SAMPLES / "demo" / "rank0.pt.trace.json.gz"
 DEMO1 = SAMPLES / "demo" / "rank1.pt.trace.json.gz"

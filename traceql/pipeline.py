@@ -70,8 +70,9 @@ def check(
     cfgmod.check_selectors(ignore or [], rules, "--ignore")
     cfgmod.check_selectors(config.select, rules, f"{config.path}: select")
     cfgmod.check_selectors(config.ignore, rules, f"{config.path}: ignore")
-    chosen = cfgmod.choose(rules, (select or []) or config.select, (ignore or []) + config.ignore)
-    if not chosen:
+    picks = (select or []) or config.select
+    chosen = cfgmod.choose(rules, picks, (ignore or []) + config.ignore)
+    if not cfgmod.asked_for(chosen, picks):
         raise cfgmod.ConfigError("--select/--ignore leave no rule to run; see `traceql rules list`")
     overrides = {k: dict(v) for k, v in config.params.items()}
     for rid, params in cfgmod.parse_set(sets or [], rules).items():

@@ -34,7 +34,7 @@ def derived_tables() -> dict[str, Callable[[Run], pl.DataFrame]]:
     return _REGISTRY
 
 
-_FROM_STATUSES = frozenset({"source_errors"})
+_FROM_STATUSES = frozenset({"source_errors", "source_partials"})
 
 
 def ensure(run: Run, name: str) -> pl.DataFrame:

@@ -275,11 +275,21 @@ SOURCE_ERRORS_SCHEMA = {"rank": pl.Int32, "kind": pl.Utf8, "source": pl.Int32, "
 
 def source_errors(run: Run) -> pl.DataFrame:
     """Every source that could not be read (TQL003): the exit code says so, not only the source list."""
+    return _sources_with(run, "error")
+
+
+def source_partials(run: Run) -> pl.DataFrame:
+    """Every source read only in part (TQL004): a trace cut short keeps its complete events, and what followed the
+    cut is missing from every finding; the exit code says so, not only the yellow line of the source list."""
+    return _sources_with(run, "partial")
+
+
+def _sources_with(run: Run, status: str) -> pl.DataFrame:
     from traceql.discover import rank_from_name
 
     rows = [{"rank": s.rank if s.rank is not None else rank_from_name(s.path), "kind": s.kind, "source": s.id,
-             "path": _rel(run, s.path), "detail": s.detail} for s in run.sources if s.status == "error"]
+             "path": _rel(run, s.path), "detail": s.detail} for s in run.sources if s.status == status]
     return pl.DataFrame(rows, schema=SOURCE_ERRORS_SCHEMA)
 
 
-DERIVED = {"source_problems": source_problems, "source_errors": source_errors}
+DERIVED = {"source_problems": source_problems, "source_errors": source_errors, "source_partials": source_partials}

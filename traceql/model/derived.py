@@ -1108,6 +1108,24 @@ _table(
         "detail": (STR, "why it could not be read and what to do"),
     },
 )
+_table(
+    "source_partials",
+    doc=(
+        "One row per source read only in part (status partial): a trace cut short (a gzip stream or JSON that ends "
+        "early keeps its complete events), an nsys export or a TORCH_TRACE log with damaged stretches. Built from "
+        "the run's sources once every read has finished."
+    ),
+    builder="traceql.link.ranks:source_partials",
+    scope="run",
+    reads=[],
+    columns={
+        "rank": (I32, "the rank the source holds or its file name says, if any"),
+        "kind": (STR, "the source's kind"),
+        "source": (I32, "source id (run.sources)"),
+        "path": (STR, "the source's file, relative to the run dir"),
+        "detail": (STR, "what was kept and where the read stopped"),
+    },
+)
 
 
 

@@ -207,6 +207,19 @@ def coerce(value: str, default):
     return value
 
 
+# The rules about the inputs themselves (TQL001 rank-collision, TQL002 missing-rank, TQL003 unreadable-source,
+# TQL004 partial-source): whether the run was understood at all. --select narrows the analysis, not the honesty of
+# its "No findings": these run with any selection and leave only by name in --ignore.
+INPUT_RULES = "TQL00"
+
+
 def choose(rules: list[Rule], select: list[str], ignore: list[str]) -> list[Rule]:
-    chosen = [r for r in rules if (not select or matches(r.id, select) or r.name in select)]
+    chosen = [r for r in rules if (not select or r.id.startswith(INPUT_RULES) or matches(r.id, select) or r.name in select)]
     return [r for r in chosen if not (matches(r.id, ignore) or r.name in ignore)]
+
+
+def asked_for(chosen: list[Rule], select: list[str]) -> list[Rule]:
+    """The chosen rules the selection named (the input rules join any selection; they alone are not a selection)."""
+    if not select:
+        return chosen
+    return [r for r in chosen if matches(r.id, select) or r.name in select]
