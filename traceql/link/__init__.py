@@ -34,7 +34,8 @@ def derived_tables() -> dict[str, Callable[[Run], pl.DataFrame]]:
     return _REGISTRY
 
 
-_FROM_STATUSES = frozenset({"source_errors"})
+# tables of the sources' statuses, not of their rows: the cache key (the read sources' content) does not cover them
+UNCACHED = frozenset({"source_errors", "source_problems"})
 
 
 def ensure(run: Run, name: str) -> pl.DataFrame:
@@ -50,8 +51,14 @@ def ensure(run: Run, name: str) -> pl.DataFrame:
         if name in DERIVED and DERIVED[name].scope == "run":
             raise RuntimeError(f"{name} compares ranks and cannot be built in a rank task (traceql.executor.plan sent "
                                "a rule that reads it there); please report it")
-    # tables of the sources' statuses, not of their rows: the cache key (the read sources' content) does not cover them
-    folder = None if name in _FROM_STATUSES else run.derived_cache
+    if _empty_inputs(run, name):
+        # nothing to build from: every table it reads is empty, so is it (checked for every derived table on every
+        # fixture, with no note added either), and its plans need not run; rules over it see an empty table as before
+        from traceql.model.derived import empty
+
+        df = run.tables[name] = empty(name)
+        return df
+    folder = None if name in UNCACHED else run.derived_cache
     if folder is not None:
         from traceql import cache
 
@@ -67,6 +74,29 @@ def ensure(run: Run, name: str) -> pl.DataFrame:
     if folder is not None:
         cache.store_derived(folder, name, df, run.notes[before:])
     return df
+
+
+def _empty_inputs(run: Run, name: str, heights: dict[str, int] | None = None) -> bool:
+    """Whether every table the derived table `name` reads (model/derived.py) is empty here and on the rank tasks'
+    workers (Run.held): canonical tables by their height, derived ones built already by theirs, the others by their
+    own inputs in turn, building nothing. (Heights are taken once from run.tables' items: what this looks at is the
+    registry's business, not a read of the builder that asked for `name`.)"""
+    from traceql.model.derived import DERIVED
+
+    decl = DERIVED.get(name)
+    if decl is None or not decl.reads:  # built from the sources' statuses or the run itself, not from tables
+        return False
+    if heights is None:
+        heights = {t: df.height for t, df in run.tables.items()}
+    for t in decl.reads:
+        if run.held.get(t, 0) > 0:
+            return False
+        if t in heights:
+            if heights[t]:
+                return False
+        elif t not in DERIVED or not _empty_inputs(run, t, heights):
+            return False
+    return True
 
 
 def link_run(run: Run) -> Run:
