@@ -165,14 +165,49 @@ def _first(e: Exception) -> str:
 
 
 def frame(run, name: str, views: dict[str, View]) -> pl.DataFrame:
-    """The view's rows for this run, built once (over every rank) and kept in run.tables."""
+    """The view's rows for this run, built once (over every rank) and kept in run.tables; where the run has a
+    derived-table cache (a cached check), kept there too, so that a warm re-check reads the rows instead of running
+    the query again (a join of runtime and kernels over 8 x 216k events: 0.10 CPU s to build, 0.02 to read)."""
     from traceql import link
 
     if name in run.tables:
         return run.tables[name]
     v = views[name]
     sql_guard.check(v.sql, v.reads)  # checked at load; again here, where it runs (memoised by its text)
+    entry = cache_name(v, views) if run.derived_cache is not None else None
+    if entry is not None:
+        from traceql import cache
+
+        hit = cache.load_derived(run.derived_cache, entry)
+        if hit is not None:
+            run.tables[name] = hit[0]
+            return hit[0]
     frames = {n: frame(run, n, views) if n in views else link.ensure(run, n) for n in v.reads}
     out = pl.SQLContext(frames=frames).execute(v.sql, eager=False).collect(engine=link.POLARS_ENGINE)
     run.tables[name] = out
+    if entry is not None:
+        from traceql import cache
+
+        cache.store_derived(run.derived_cache, entry, out, [])
     return out
+
+
+def cache_name(v: View, views: dict[str, View]) -> str | None:
+    """The view's entry in a run's derived-table cache: its name and a digest of what its rows depend on beyond the
+    run's sources and the linking code, which the cache folder's key covers (traceql.cache.run_dir): its SQL, the
+    views it reads (theirs, in turn) and polars, which runs the SQL. None where it reads, at any depth, a table of the
+    sources' statuses, which that key does not cover (link.ensure caches none of those either)."""
+    import hashlib
+
+    from traceql import link
+
+    h = hashlib.blake2b(f"{pl.__version__}\0{v.sql}".encode(), digest_size=12)
+    for n in v.reads:
+        if n in link.UNCACHED:
+            return None
+        if n in views:
+            sub = cache_name(views[n], views)
+            if sub is None:
+                return None
+            h.update(f"\0{sub}".encode())
+    return f"view-{v.name}-{h.hexdigest()}"
