@@ -22,16 +22,21 @@ _NAMED_AS_TRACE = re.compile(r"(?:^|[._-])(?:pt\.)?trace\.json(?:\.gz)?$|^(?:kin
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d+)(?![0-9])", re.IGNORECASE)
 
 
-def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
+def _open_local(path) -> object:
+    return open(path, "rb")
+
+
+def read_head(path: Path, n: int = HEAD_BYTES, opener=_open_local) -> bytes:
     """First n bytes of a file, gunzipped where it is gzip (members after the first included: pigz, `cat a.gz b.gz`,
-    a writer that flushes a member per chunk). A broken gzip stream yields what decompressed."""
-    with open(path, "rb") as f:
+    a writer that flushes a member per chunk). A broken gzip stream yields what decompressed. `opener(path)`: a
+    binary file object (traceql.remote reads an object at a URL through it, bounded)."""
+    with opener(path) as f:
         raw = f.read(n)
     if raw[:2] == b"\x1f\x8b":
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         out = b""
         try:
-            with open(path, "rb") as f:
+            with opener(path) as f:
                 pending = b""
                 while len(out) < n:
                     chunk = pending or f.read(65536)
@@ -69,6 +74,13 @@ def _sniff_file(path: Path, mods) -> list[Source]:
         head = read_head(path)
     except OSError as e:
         return [Source(path, "unknown", status="error", detail=f"cannot read: {e.strerror or e}; check permissions")]
+    return classify(path, size, head, mods)
+
+
+def classify(path: Path, size: int, head: bytes, mods, raw2: bytes | None = None, archive: bool | None = None
+             ) -> list[Source]:
+    """The sources one file is, from its name, size and head. raw2 (its first two raw bytes) and archive (whether it
+    is a tar or zip) are read from the local file where not given (traceql.remote gives them for an object at a URL)."""
     if size == 0:
         # an empty stdout/stderr log is routine; an empty trace, export or dump is a lost input, said without -v
         if _NAMED_AS_TRACE.search(path.name):
@@ -91,13 +103,13 @@ def _sniff_file(path: Path, mods) -> list[Source]:
             if kind not in ("nccl_log", "torch_logs"):
                 break
     if not kinds:
-        status, detail = _unrecognised(path, head)
+        status, detail = _unrecognised(path, head, raw2, archive)
         return [Source(path, "unknown", status=status, detail=detail)]
     rank = rank_from_name(path)
     return [Source(path, k, rank=rank, rank_origin="file name" if rank is not None else "") for k in kinds]
 
 
-def _unrecognised(path: Path, head: bytes) -> tuple[str, str]:
+def _unrecognised(path: Path, head: bytes, raw2: bytes | None = None, archive: bool | None = None) -> tuple[str, str]:
     """(status, why) for a file that is not an input, naming the neighbours of the inputs that users most often point
     traceql at. A damaged gzip stream, or a file named like a trace whose content is none, is an error: an input that
     was meant and cannot be read, said in the exit code (TQL003), never passed over as a neighbour."""
@@ -108,11 +120,12 @@ def _unrecognised(path: Path, head: bytes) -> tuple[str, str]:
     if path.name.startswith("memory_timeline") or (text[:1] == b"[" and b"[[" in head[:64] and b'"ph"' not in head):
         return "skipped", ("torch.profiler memory timeline (export_memory_timeline): allocations only; traceql reads "
                            "the Kineto trace recorded beside it")
-    if _archive_kind(path):
+    if archive if archive is not None else _archive_kind(path):
         return "skipped", ("an archive inside the run dir: not expanded here; check it on its own (traceql check FILE) "
                            "or unpack it")
-    with open(path, "rb") as f:
-        raw2 = f.read(2)
+    if raw2 is None:
+        with open(path, "rb") as f:
+            raw2 = f.read(2)
     if raw2 == b"\x1f\x8b" and not head:
         return "error", "gzip file that does not decompress (damaged or cut short); copy it again"
     if _NAMED_AS_TRACE.search(path.name):
@@ -169,11 +182,14 @@ def discover(run_path: Path, extra: list[Source] | None = None) -> list[Source]:
     A run dir is untrusted: symbolic links are followed only where they stay inside it (a link out of it is a
     skipped source saying so), and every real folder and file is visited once, so links to `..` or `/` neither
     walk outside nor loop."""
-    run_path = Path(run_path)
     mods = sniffers()
     folder_mods = [(kind, sniff) for kind, sniff, folder in mods if folder]
     sources: list[Source] = []
-    if run_path.is_file():
+    from traceql import remote
+
+    if remote.is_url(run_path):  # a run at an fsspec URL: listed and sniffed through its filesystem (traceql.remote)
+        sources = remote.discover(remote.locate(run_path) if isinstance(run_path, str) else run_path, mods, folder_mods)
+    elif (run_path := Path(run_path)).is_file():
         sources = _sniff_file(run_path, mods)
     else:
         root = _real(run_path) or run_path.absolute()
