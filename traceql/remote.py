@@ -194,6 +194,8 @@ def discover(run: URLPath, mods, folder_mods) -> list[Source]:
             continue
         rel = _member(root, name)
         if rel is None:
+            if info.get("type") == "directory":
+                continue  # the files listed below it are refused one by one
             shown = name.rsplit("/", 1)[-1] or name
             sources.append(Source(run / shown, "unknown", status="error", detail=(
                 f"listing entry {name!r} is not inside the run's prefix {root!r}: not read (a run dir is untrusted)"),
@@ -230,10 +232,39 @@ def discover(run: URLPath, mods, folder_mods) -> list[Source]:
                                                             ver, folder=True)}))
             continue
         files.append((url, name, info))
+    heads = {}
     with ThreadPoolExecutor(max_workers=max(1, min(THREADS, len(files)))) as ex:
-        for found in ex.map(lambda f: _sniff(fs, f[0], f[1], f[2], mods, str(run)), files):
+        for (url, _, _), (found, head) in zip(files, ex.map(lambda f: _sniff(fs, *f, mods, str(run), True), files)):
             sources.extend(found)
+            if _TRACE_LOG.search(url.name):
+                heads[url] = head
+    _ranks_of_debug_folders(sources, heads)
     return sources
+
+
+_TRACE_LOG = re.compile(r"^dedicated_log_torch_trace_rank_(\d+)")
+_GLOG_PID = re.compile(rb"^[VIWEC]\d{4} \d\d:\d\d:\d\d\.\d+ +(\d+) ")
+_PID = re.compile(r"-pid_(\d+)")
+
+
+def _ranks_of_debug_folders(sources: list[Source], heads: dict) -> None:
+    """A TORCH_COMPILE_DEBUG folder's rank from the TORCH_TRACE log of the same pid within three levels up, as its
+    reader finds it in a local run dir (ingest/compile_debug.py): a worker reading the folder at a URL has only the
+    folder's own copy, so discovery, which read every log's head, names the rank here."""
+    for s in sources:
+        m = _PID.search(s.path.name)
+        if s.kind != "compile_debug" or s.rank is not None or not m:
+            continue
+        for up in list(s.path.parents)[:3]:
+            hit = None
+            for log in sorted(u for u in heads if up in u.parents):
+                pm = _GLOG_PID.match(heads[log].split(b"\n", 1)[0][:4096])
+                if pm and int(pm.group(1)) == int(m.group(1)):
+                    hit = int(_TRACE_LOG.search(log.name).group(1))
+                    break
+            if hit is not None:
+                s.rank, s.rank_origin = hit, "TORCH_TRACE log of the same pid"
+                break
 
 
 def _skip_dirs():
@@ -246,7 +277,7 @@ def _is_local(fs) -> bool:
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 
 
-def _sniff(fs, url: URLPath, fspath: str, info: dict, mods, root_url: str) -> list[Source]:
+def _sniff(fs, url: URLPath, fspath: str, info: dict, mods, root_url: str, with_head: bool = False):
     from traceql.discover import HEAD_BYTES, classify, read_head
 
     size = int(info.get("size") or 0)
@@ -256,14 +287,15 @@ def _sniff(fs, url: URLPath, fspath: str, info: dict, mods, root_url: str) -> li
         if raw[:2] == b"\x1f\x8b":
             head = read_head(fspath, HEAD_BYTES, opener=lambda p: _Bounded(fs.open(p, "rb", block_size=HEAD_BYTES)))
     except Exception as e:  # noqa: BLE001 - a plugin's own error: this object is unreadable, the others go on
-        return [Source(url, "unknown", status="error", detail=(
+        bad = [Source(url, "unknown", status="error", detail=(
             f"cannot read it ({type(e).__name__}: {_first(e)}); check access (credentials come from the environment "
             "or fsspec's configuration)"))]
+        return (bad, b"") if with_head else bad
     archive = _archive_like(url, raw, head)
     found = classify(url, size, head, mods, raw2=raw[:2], archive=archive)
     for s in found:
         s.meta["remote"] = _meta(url, root_url, fspath, size, version(info))
-    return found
+    return (found, head) if with_head else found
 
 
 class _Bounded:
@@ -321,12 +353,14 @@ class _OverCap(Exception):
 class Spool:
     """URL sources copied into one private temporary folder for reading; close() removes it."""
 
-    def __init__(self, sources: list[Source]):
+    def __init__(self, sources: list[Source], read=lambda s: True):
+        """Copies of the sources at a URL that read(source) says are read (not a recognised-only manifest)."""
         self.ready: list[Source] = []
         self.failed: list[Source] = []
         self.tmp: Path | None = None
-        remote = [s for s in sources if is_remote(s)]
-        self.ready = [s for s in sources if not is_remote(s)]
+        remote = [s for s in sources if is_remote(s) and read(s)]
+        copied = {id(s) for s in remote}
+        self.ready = [s for s in sources if id(s) not in copied]
         if not remote:
             return
         import shutil

@@ -197,7 +197,7 @@ def _ingest(run_path: Path, sources: list[Source], use_cache: bool, jobs: int | 
         todo = misses
     # sources at a URL: copied here (a Dask worker under --scheduler) into private temporary files, read as local
     # files by the usual readers under the usual budgets, named by their URL again after (traceql.remote)
-    spool = remote.Spool(todo)
+    spool = remote.Spool(todo, _supported)
     try:
         run = _read(run_path, sources, spool.ready, [*results, *((s, {}) for s in spool.failed)], keys, use_cache,
                     jobs, progress, read_progress)
