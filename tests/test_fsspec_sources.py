@@ -16,10 +16,10 @@ import pytest
 fsspec = pytest.importorskip("fsspec", reason="the [dask] extra is part of the test install")
 distributed = pytest.importorskip("distributed", reason="the [dask] extra is part of the test install")
 
-from click.testing import CliRunner  # noqa: E402
+from click.testing import CliRunner
 
-from traceql import pipeline  # noqa: E402
-from traceql.cli import main  # noqa: E402
+from traceql import pipeline
+from traceql.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = ["cpu-straggler", "h200x2-straggler", "h200x2-straggler-nsys", "nccl-log-timeout-desync",
@@ -143,8 +143,8 @@ def test_members_outside_the_prefix_are_refused_and_never_read(monkeypatch):
 def test_a_url_with_dotdot_is_a_usage_error():
     r = CliRunner().invoke(main, ["check", "memory://a/../b/", "-q"])
     assert r.exit_code == 2
-    assert r.output.strip().splitlines() == ["traceql: memory://a/../b/: a `.` or `..` segment in a run's URL; name "
-                                             "the run's prefix itself"]
+    assert r.output.strip().splitlines() == [("traceql: memory://a/../b/: a `.` or `..` segment in a run's URL; name "
+                                              "the run's prefix itself")]
 
 
 def test_a_missing_plugin_is_one_line_naming_what_to_install(monkeypatch):

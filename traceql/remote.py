@@ -98,7 +98,7 @@ def is_url(path) -> bool:
     return isinstance(path, URLPath) or (isinstance(path, str) and bool(URL_RE.match(path)))
 
 
-def _fs(url: str):
+def filesystem(url: str):
     """(filesystem, path inside it) for a URL, or a RemoteError naming what to install."""
     proto = url.split("://", 1)[0].rsplit("::", 1)[-1].lower()
     try:
@@ -134,22 +134,22 @@ def locate(url) -> URLPath:
     url = str(url)
     if _dotdot(url):
         raise RemoteError(f"{url}: a `.` or `..` segment in a run's URL; name the run's prefix itself")
-    fs, path = _fs(url)
+    fs, path = filesystem(url)
     try:
         info = fs.info(path)
     except FileNotFoundError:
         raise RemoteError(f"{url}: no such object or prefix; check the URL") from None
     except Exception as e:  # noqa: BLE001 - a plugin's own error (credentials, network): one line, not a traceback
-        raise RemoteError(f"{url}: cannot list it ({type(e).__name__}: {_first(e)}); check access (credentials come "
+        raise RemoteError(f"{url}: cannot list it ({type(e).__name__}: {first_line(e)}); check access (credentials come "
                           "from the environment or fsspec's configuration)") from None
     return (URLDir if info.get("type") == "directory" else URLPath)(url.rstrip("/") or url)
 
 
-def _first(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     return (str(e).splitlines() or [""])[0]
 
 
-def _member(root: str, name: str) -> str | None:
+def member(root: str, name: str) -> str | None:
     """name's path below root, or None where it is not inside it (another prefix, an empty, `.` or `..` segment)."""
     root = root.rstrip("/")
     if not name.startswith(root + "/"):
@@ -166,163 +166,8 @@ def version(info: dict) -> str | None:
     return "|".join([f"size={info.get('size')}", *found]) if found else None
 
 
-def _meta(url: URLPath, root_url: str, fspath: str, size: int, ver: str | None, folder: bool = False) -> dict:
+def listing_meta(url: URLPath, root_url: str, fspath: str, size: int, ver: str | None, folder: bool = False) -> dict:
     return {"url": str(url), "root": root_url, "path": fspath, "size": int(size or 0), "version": ver, "folder": folder}
-
-
-def discover(run: URLPath, mods, folder_mods) -> list[Source]:
-    """The sources of a run at a URL (ids and order are traceql.discover's)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    fs, root = _fs(str(run))
-    root = root.rstrip("/") or root
-    if not run.is_dir():
-        info = fs.info(root)
-        return _sniff(fs, run, root, info, mods, str(run))
-    try:
-        listing = fs.find(root, withdirs=True, detail=True)
-    except Exception as e:  # noqa: BLE001
-        return [Source(run, "unknown", status="error", detail=f"cannot list it ({type(e).__name__}: {_first(e)})")]
-    local = _is_local(fs)
-    real_root = os.path.realpath(root) if local else None
-    sources: list[Source] = []
-    taken: list[str] = []  # folders that are one source (TORCH_COMPILE_DEBUG): their members are not sniffed
-    files = []
-    for name in sorted(listing, key=lambda n: (n.count("/"), n)):  # folders before what they hold
-        info = listing[name]
-        if name.rstrip("/") == root:
-            continue
-        rel = _member(root, name)
-        if rel is None:
-            if info.get("type") == "directory":
-                continue  # the files listed below it are refused one by one
-            shown = name.rsplit("/", 1)[-1] or name
-            sources.append(Source(run / shown, "unknown", status="error", detail=(
-                f"listing entry {name!r} is not inside the run's prefix {root!r}: not read (a run dir is untrusted)"),
-                meta={"shown": True}))
-            continue
-        parts = rel.split("/")
-        if any(p.startswith(".") or p in _skip_dirs() for p in parts):
-            continue
-        if any(rel.startswith(t + "/") for t in taken):
-            continue
-        url = URLPath(*run.parts, *parts)
-        if local and info.get("islink"):
-            real = os.path.realpath(name)
-            if not (real + "/").startswith(real_root.rstrip("/") + "/"):
-                sources.append(Source(url, "unknown", status="skipped", detail=(
-                    f"symbolic link to {real}, outside the run dir: not followed (a run dir is untrusted; copy the "
-                    "file into it to analyse it)"), meta={"shown": True}))
-            continue  # inside: its target is listed in its own right
-        if info.get("type") == "directory":
-            d = URLDir(*url.parts)
-            kind = next((k for k, sniff in folder_mods if sniff(d, b"")), None)
-            if kind is not None:
-                taken.append(rel)
-                held = [(n, i) for n, i in listing.items() if n.startswith(name.rstrip("/") + "/")
-                        and i.get("type") != "directory"]
-                vers = [version(i) for _, i in held]
-                ver = None if any(v is None for v in vers) else "|".join(
-                    f"{n[len(name):]}:{v}" for (n, _), v in sorted(zip(held, vers)))
-                from traceql.discover import rank_from_name
-
-                r = rank_from_name(d)
-                sources.append(Source(d, kind, rank=r, rank_origin="file name" if r is not None else "",
-                                      meta={"remote": _meta(d, str(run), name.rstrip("/"), sum(i.get("size") or 0 for _, i in held),
-                                                            ver, folder=True)}))
-            continue
-        files.append((url, name, info))
-    heads = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(THREADS, len(files)))) as ex:
-        for (url, _, _), (found, head) in zip(files, ex.map(lambda f: _sniff(fs, *f, mods, str(run), True), files)):
-            sources.extend(found)
-            if _TRACE_LOG.search(url.name):
-                heads[url] = head
-    _ranks_of_debug_folders(sources, heads)
-    return sources
-
-
-_TRACE_LOG = re.compile(r"^dedicated_log_torch_trace_rank_(\d+)")
-_GLOG_PID = re.compile(rb"^[VIWEC]\d{4} \d\d:\d\d:\d\d\.\d+ +(\d+) ")
-_PID = re.compile(r"-pid_(\d+)")
-
-
-def _ranks_of_debug_folders(sources: list[Source], heads: dict) -> None:
-    """A TORCH_COMPILE_DEBUG folder's rank from the TORCH_TRACE log of the same pid within three levels up, as its
-    reader finds it in a local run dir (ingest/compile_debug.py): a worker reading the folder at a URL has only the
-    folder's own copy, so discovery, which read every log's head, names the rank here."""
-    for s in sources:
-        m = _PID.search(s.path.name)
-        if s.kind != "compile_debug" or s.rank is not None or not m:
-            continue
-        for up in list(s.path.parents)[:3]:
-            hit = None
-            for log in sorted(u for u in heads if up in u.parents):
-                pm = _GLOG_PID.match(heads[log].split(b"\n", 1)[0][:4096])
-                if pm and int(pm.group(1)) == int(m.group(1)):
-                    hit = int(_TRACE_LOG.search(log.name).group(1))
-                    break
-            if hit is not None:
-                s.rank, s.rank_origin = hit, "TORCH_TRACE log of the same pid"
-                break
-
-
-def _skip_dirs():
-    from traceql.discover import _SKIP_DIRS
-
-    return _SKIP_DIRS
-
-
-def _is_local(fs) -> bool:
-    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
-
-
-def _sniff(fs, url: URLPath, fspath: str, info: dict, mods, root_url: str, with_head: bool = False):
-    from traceql.discover import HEAD_BYTES, classify, read_head
-
-    size = int(info.get("size") or 0)
-    try:
-        raw = fs.cat_file(fspath, start=0, end=min(size, HEAD_BYTES)) if size else b""
-        head = raw
-        if raw[:2] == b"\x1f\x8b":
-            head = read_head(fspath, HEAD_BYTES, opener=lambda p: _Bounded(fs.open(p, "rb", block_size=HEAD_BYTES)))
-    except Exception as e:  # noqa: BLE001 - a plugin's own error: this object is unreadable, the others go on
-        bad = [Source(url, "unknown", status="error", detail=(
-            f"cannot read it ({type(e).__name__}: {_first(e)}); check access (credentials come from the environment "
-            "or fsspec's configuration)"))]
-        return (bad, b"") if with_head else bad
-    archive = _archive_like(url, raw, head)
-    found = classify(url, size, head, mods, raw2=raw[:2], archive=archive)
-    for s in found:
-        s.meta["remote"] = _meta(url, root_url, fspath, size, version(info))
-    return (found, head) if with_head else found
-
-
-class _Bounded:
-    """A remote file object read for a head: at most HEAD_GZ_MAX compressed bytes, then it reads as ended."""
-
-    def __init__(self, f):
-        self.f, self.left = f, HEAD_GZ_MAX
-
-    def read(self, n: int = -1) -> bytes:
-        n = self.left if n < 0 else min(n, self.left)
-        out = self.f.read(n) if n > 0 else b""
-        self.left -= len(out)
-        return out
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.f.close()
-
-
-def _archive_like(url: URLPath, raw: bytes, head: bytes) -> bool:
-    from traceql import archive
-
-    if raw[:4] in (b"PK\x03\x04", b"PK\x05\x06") or url.name.lower().endswith(archive.NAME_SUFFIXES):
-        return True
-    return archive._is_tar_header(head)
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -337,13 +182,15 @@ def size(source: Source) -> int:
 
 
 def max_bytes() -> int | None:
-    from traceql import archive
-
+    """TRACEQL_URL_MAX_MB in bytes (None: no limit), read as the archive budgets are (traceql.archive)."""
+    raw = os.environ.get("TRACEQL_URL_MAX_MB", "").strip()
     try:
-        mb = archive._env_int("TRACEQL_URL_MAX_MB", DEFAULT_MAX_MB)
-    except archive.ArchiveError as e:
-        raise RemoteError(str(e)) from None
-    return None if mb is None else int(mb * MB)
+        mb = float(raw) if raw else DEFAULT_MAX_MB
+    except ValueError:
+        mb = -1
+    if mb < 0:
+        raise RemoteError(f"TRACEQL_URL_MAX_MB={raw!r}: not a number >= 0; give megabytes (0 = no limit)")
+    return None if mb == 0 else int(mb * MB)
 
 
 class _OverCap(Exception):
@@ -394,15 +241,15 @@ class Spool:
         url = str(s.path)
         local = self.tmp.joinpath(*url.split("://", 1)[1].strip("/").split("/"))
         try:
-            fs, root = _fs(r["root"])
+            fs, root = filesystem(r["root"])
             whole = r["path"].rstrip("/") == root.rstrip("/")  # the run is this one object
-            if (not whole and _member(root, r["path"]) is None) or _dotdot(r["root"]) or _dotdot(r["url"]):
+            if (not whole and member(root, r["path"]) is None) or _dotdot(r["root"]) or _dotdot(r["url"]):
                 raise _Refused(f"{url}: not inside the run's prefix: not read (a run dir is untrusted)")
             if r.get("folder"):
                 members = [(n, i) for n, i in fs.find(r["path"], detail=True).items() if i.get("type") != "directory"]
                 total = 0
                 for n, _ in sorted(members):
-                    inner = _member(r["path"], n)
+                    inner = member(r["path"], n)
                     if inner is None:
                         raise _Refused(f"{url}: listing entry {n!r} is not inside the folder: not read (a run dir is "
                                        "untrusted)")
@@ -417,7 +264,7 @@ class Spool:
             s.status, s.detail = "error", str(e)
             return False
         except Exception as e:  # noqa: BLE001 - a plugin's own error (network, permissions): this source only
-            s.status, s.detail = "error", (f"{url}: cannot read it ({type(e).__name__}: {_first(e)}); check access "
+            s.status, s.detail = "error", (f"{url}: cannot read it ({type(e).__name__}: {first_line(e)}); check access "
                                            "(credentials come from the environment or fsspec's configuration)")
             return False
         r["local"] = str(local)
