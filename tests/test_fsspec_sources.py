@@ -105,12 +105,47 @@ def test_a_huge_object_stops_at_the_cap_and_the_others_keep_every_finding(monkey
     got = pipeline.check(url, use_cache=False)
     big = [s for s in got.run.sources if s.path.name == "rank2.pt.trace.json"]
     assert len(big) == 1 and big[0].status == "error"
-    assert big[0].detail.startswith("memory://big/rank2.pt.trace.json: larger than the 1 MB")
+    assert big[0].detail.startswith("memory://big/rank2.pt.trace.json: larger than the 1 MB a source at a URL may be "
+                                    "copied to be read (its listing says 3 MB)")
     assert "TRACEQL_URL_MAX_MB" in big[0].detail and "\n" not in big[0].detail
     fps = {f.fingerprint for f in got.findings}
     assert {f[0] for f in local_answers["cpu-straggler"][0]} <= fps
     read = [s for s in got.run.sources if s.status == "ok" and s.kind == "kineto"]
     assert sorted(s.rank for s in read) == [0, 1]
+
+
+def test_an_object_larger_than_its_listing_says_stops_at_the_cap_while_it_streams(monkeypatch, tmp_path):
+    fs = fsspec.filesystem("memory")
+    url = _upload(REPO / "fixtures" / "cpu-straggler", "liar")
+    fs.pipe("/liar/rank2.pt.trace.json", _big_kineto(3))
+    real_find = type(fs).find
+
+    def small(self, path, **k):  # the listing under-reports the object's size (it grew, or the store lies)
+        out = real_find(self, path, **k)
+        if k.get("detail"):
+            out = {n: ({**i, "size": 1000} if n.endswith("rank2.pt.trace.json") else i) for n, i in out.items()}
+        return out
+
+    monkeypatch.setattr(type(fs), "find", small)
+    monkeypatch.setenv("TRACEQL_URL_MAX_MB", "1")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    got = pipeline.check(url, use_cache=False)
+    big = [s for s in got.run.sources if s.path.name == "rank2.pt.trace.json"]
+    assert big[0].status == "error"
+    assert big[0].detail == ("memory://liar/rank2.pt.trace.json: larger than the 1 MB a source at a URL may be copied "
+                             "to be read (stopped there while copying); raise TRACEQL_URL_MAX_MB (0 = no limit) or "
+                             "check a local copy")
+    assert sorted(got.run.ranks) == [0, 1]
+    assert not list(tmp_path.glob("traceql-url-*"))
+
+
+def test_a_single_letter_scheme_is_a_local_path_not_a_url():
+    from traceql.remote import is_url
+
+    assert not is_url("C://runs/run7") and is_url("s3://bucket/run7/") and is_url("simplecache::s3://b/r")
 
 
 def test_members_outside_the_prefix_are_refused_and_never_read(monkeypatch):

@@ -38,7 +38,8 @@ CHUNK = 4 * MB
 HEAD_GZ_MAX = 4 * MB  # compressed bytes read at most for a gzip object's head
 THREADS = 16  # listing heads and copies are network round trips: many at once
 # a URL: scheme://, possibly chained (simplecache::s3://); a local path never matches (a drive letter has no //)
-URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*(?:::[A-Za-z][A-Za-z0-9+.\-]*)*://")
+# (two letters at least, as fsspec has it: C://x is a Windows drive)
+URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]+(?:::[A-Za-z][A-Za-z0-9+.\-]+)*://")
 _NO_AUTHORITY = ("file", "local")  # file:///abs/path: the path follows an empty authority
 # what an fsspec listing may say that identifies one version of an object (s3fs, gcsfs, adlfs, local, memory)
 _VERSION_KEYS = ("ETag", "etag", "e_tag", "VersionId", "version_id", "generation", "md5Hash", "md5", "content_md5",
@@ -197,6 +198,12 @@ class _OverCap(Exception):
     pass
 
 
+def _over(cap: int, listed: int | None) -> str:
+    said = f" (its listing says {listed / MB:.0f} MB)" if listed is not None else " (stopped there while copying)"
+    return (f"{{url}}: larger than the {cap // MB} MB a source at a URL may be copied to be read{said}; raise "
+            "TRACEQL_URL_MAX_MB (0 = no limit) or check a local copy")
+
+
 class Spool:
     """URL sources copied into one private temporary folder for reading; close() removes it."""
 
@@ -245,6 +252,8 @@ class Spool:
             whole = r["path"].rstrip("/") == root.rstrip("/")  # the run is this one object
             if (not whole and member(root, r["path"]) is None) or _dotdot(r["root"]) or _dotdot(r["url"]):
                 raise _Refused(f"{url}: not inside the run's prefix: not read (a run dir is untrusted)")
+            if self.cap is not None and r.get("size", 0) > self.cap:  # said by its listing: not even started
+                raise _OverCap(_over(self.cap, r["size"]))
             if r.get("folder"):
                 members = [(n, i) for n, i in fs.find(r["path"], detail=True).items() if i.get("type") != "directory"]
                 total = 0
@@ -280,10 +289,8 @@ class Spool:
         with os.fdopen(fd, "wb") as out, fs.open(fspath, "rb", block_size=CHUNK) as f:
             while chunk := f.read(CHUNK):
                 n += len(chunk)
-                if self.cap is not None and done + n > self.cap:
-                    raise _OverCap(f"{{url}}: larger than the {self.cap // MB} MB a source at a URL may be copied to "
-                                   "be read: stopped there; raise TRACEQL_URL_MAX_MB (0 = no limit) or check a local "
-                                   "copy")
+                if self.cap is not None and done + n > self.cap:  # the listing said less: stopped while streaming
+                    raise _OverCap(_over(self.cap, None))
                 if not self._take(len(chunk)):
                     raise _OverCap(f"{{url}}: no room left to copy it into {self.tmp.parent} (keeping "
                                    f"{FREE_MARGIN // MB} MB free): stopped at {(done + n) // MB} MB; set TMPDIR to a "
