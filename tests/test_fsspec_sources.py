@@ -196,6 +196,14 @@ def test_an_unknown_protocol_is_one_line():
     assert len(r.output.strip().splitlines()) == 1
 
 
+def test_memory_urls_are_refused_for_worker_processes():
+    url = _upload(REPO / "fixtures" / "cpu-straggler", "mine")
+    r = CliRunner().invoke(main, ["check", url, "--scheduler", "local", "-q"])
+    assert r.exit_code == 2
+    assert r.output.strip() == ("traceql: memory://mine/: memory:// is this process's own memory, which Dask's worker "
+                                "processes cannot see; check it without --scheduler")
+
+
 def test_nothing_at_the_url_is_one_line():
     r = CliRunner().invoke(main, ["check", "memory://nothing-here/", "-q"])
     assert r.exit_code == 2

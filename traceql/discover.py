@@ -278,8 +278,11 @@ def _discover_url(run, mods, folder_mods) -> list[Source]:
     fs, root = remote.filesystem(str(run))
     root = root.rstrip("/") or root
     if not run.is_dir():
-        info = fs.info(root)
-        return _sniff(fs, run, root, info, mods, str(run))
+        found = _sniff(fs, run, root, fs.info(root), mods, str(run))
+        for s in found:
+            if s.detail.startswith("an archive inside the run dir"):  # nothing at a URL is expanded
+                s.detail = "an archive at a URL: not expanded; copy it here and check the copy (traceql check FILE)"
+        return found
     try:
         listing = fs.find(root, withdirs=True, detail=True)
     except Exception as e:  # noqa: BLE001

@@ -109,6 +109,9 @@ def _check_on_dask(path: Path, scheduler, chosen, overrides, use_cache: bool):
     from traceql import executor
 
     if remote.is_url(path):
+        if isinstance(scheduler, str) and str(path).startswith("memory://"):
+            raise NothingToAnalyse(f"{path}: memory:// is this process's own memory, which Dask's worker processes "
+                                   "cannot see; check it without --scheduler")
         path = _located(path)
     elif not path.exists():
         raise NothingToAnalyse(f"{path}: no such file or directory")
