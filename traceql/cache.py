@@ -69,6 +69,14 @@ def hash_path(path: Path) -> str:
 
 
 def digest(source: Source) -> str:
+    remote = source.meta.get("remote")
+    if isinstance(remote, dict):  # at a URL (traceql.remote): keyed by its URL and its listing's version, not read
+        if not remote.get("version"):
+            raise OSError("no version in its listing: not cached")  # _cached: the cache is not used for it
+        content = hashlib.blake2b(f"{remote['root']}|{remote['path']}|{remote['version']}".encode(),
+                                  digest_size=16).hexdigest()
+        return hashlib.blake2b(f"{content}|{source.kind}|{_ingest_digest()}|{FORMAT_VERSION}|{__version__}".encode(),
+                               digest_size=16).hexdigest()
     st = source.path.stat()
     index = cache_dir() / "index"
     stamp = hashlib.blake2b(f"{source.path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode(), digest_size=12).hexdigest()

@@ -401,8 +401,9 @@ def _merge(rule: Rule, parts: list[RuleResult]) -> RuleResult:
 
 def check_distributed(client, run_path: Path, sources: list[Source], rules: list[Rule], overrides: dict,
                       use_cache: bool = True) -> tuple[Run, list[RuleResult]]:
-    """Discovered sources through Dask to (the cross-rank stage's run, every rule's result in rule order)."""
-    run_path = Path(run_path)
+    """Discovered sources through Dask to (the cross-rank stage's run, every rule's result in rule order). A run at
+    an fsspec URL keeps its URLPath; each read task copies its source from the URL on its worker (traceql.remote)."""
+    run_path = Path(run_path) if isinstance(run_path, str) else run_path
     todo = [s for s in sources if s.status in ("ok", "partial")]
     import time
 

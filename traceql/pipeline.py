@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from traceql import archive, link
+from traceql import archive, link, remote
 from traceql.discover import discover
 from traceql.ingest.loader import ingest
 from traceql.model import Run
@@ -21,6 +21,9 @@ class NothingToAnalyse(Exception):
 
 
 def load_run(path: Path, use_cache: bool = True, jobs: int | None = None, progress: bool = False) -> Run:
+    if remote.is_url(path):  # a run at an fsspec URL (traceql.remote)
+        path = _located(path)
+        return _load(path, discover(path), use_cache, jobs, progress)
     path = Path(path)
     if not path.exists():
         raise NothingToAnalyse(f"{path}: no such file or directory")
@@ -33,6 +36,13 @@ def load_run(path: Path, use_cache: bool = True, jobs: int | None = None, progre
     except archive.ArchiveError as e:
         raise NothingToAnalyse(str(e)) from None
     return _load(path, discover(path), use_cache, jobs, progress)
+
+
+def _located(url):
+    try:
+        return remote.locate(url)
+    except remote.RemoteError as e:
+        raise NothingToAnalyse(str(e)) from None
 
 
 def _load(path: Path, sources, use_cache: bool, jobs: int | None, progress: bool) -> Run:
@@ -78,10 +88,14 @@ def check(
     for rid, params in cfgmod.parse_set(sets or [], rules).items():
         overrides.setdefault(rid, {}).update(params)
     if scheduler:
-        run, results = _check_on_dask(Path(path), scheduler, chosen, overrides, use_cache)
+        run, results = _check_on_dask(path if remote.is_url(path) else Path(path), scheduler, chosen, overrides,
+                                      use_cache)
     else:
         run = load_run(path, use_cache=use_cache, jobs=jobs, progress=progress)
         results = run_rules(run, chosen, overrides)
+    note = remote.uncached_note(run.sources) if use_cache else None
+    if note:
+        run.notes.append(note)
     result = CheckResult(run, results)
     attribute(run, result.findings, chosen)  # what each finding costs per step, and which cause explains which
     drop = set(config.suppress) | (suppress or set())
@@ -95,9 +109,14 @@ def check(
 def _check_on_dask(path: Path, scheduler, chosen, overrides, use_cache: bool):
     from traceql import executor
 
-    if not path.exists():
+    if remote.is_url(path):
+        if isinstance(scheduler, str) and str(path).startswith("memory://"):
+            raise NothingToAnalyse(f"{path}: memory:// is this process's own memory, which Dask's worker processes "
+                                   "cannot see; check it without --scheduler")
+        path = _located(path)
+    elif not path.exists():
         raise NothingToAnalyse(f"{path}: no such file or directory")
-    if archive.is_archive(path):
+    if not remote.is_url(path) and archive.is_archive(path):
         raise NothingToAnalyse(f"{path}: --scheduler reads a run directory the Dask workers can see; unpack the "
                                "archive there first, or check it without --scheduler")
     sources = discover(path)

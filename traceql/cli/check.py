@@ -21,12 +21,27 @@ from traceql.cli._common import (
 )
 
 
+class _RunArg(click.Path):
+    """A run dir, a file, or an fsspec URL (s3://bucket/run7/, kept as the string: traceql.remote reads it)."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and "://" in value:
+            from traceql.remote import is_url
+
+            if is_url(value):
+                return value
+        return super().convert(value, param, ctx)
+
+
+RUN_ARG = _RunArg(path_type=Path)
+
+
 def _csv(values: tuple[str, ...]) -> list[str]:
     return [p for v in values for p in v.split(",") if p.strip()]
 
 
 @main.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("run_dir", type=RUN_ARG)
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "sarif", "html"]), default="text", show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), help="Write the report to this file instead of stdout.")
 @click.option("--select", multiple=True, help="Rule ids or prefixes to run (TQL1, TQL101); comma-separated or repeated.")
@@ -81,6 +96,10 @@ def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_p
     except Exception as e:  # an internal error must not pass as a clean (or a usage) exit
         _internal(e)
         return
+    if verbose:
+        for note in result.run.notes:
+            if isinstance(note, str) and note.startswith("not cached: "):
+                _say(note)  # a run at a URL whose listing names no version: said once, with -v
     colored = _color(color, to_file=out is not None)
     from traceql.report import render
 
@@ -97,6 +116,8 @@ def _config_path(run_dir: Path, given: Path | None, trust: bool) -> Path | None:
     inside the run dir that is passed over is named in one line."""
     from traceql.rules.config import find_config, run_config
 
+    if isinstance(run_dir, str):  # a run at a URL: nothing inside it configures the check
+        return given or find_config(Path.cwd())
     inside = run_config(run_dir)
     if given is not None:
         return given
@@ -138,7 +159,7 @@ def _baseline(path: Path) -> set[str]:
 
 
 @main.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("run_dir", type=RUN_ARG)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--no-cache", is_flag=True)
 @click.option("--quiet", "-q", is_flag=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
-from traceql import cache
+from traceql import cache, remote
 from traceql.ingest import _MODULES as _READERS
 from traceql.ingest import IngestError, _gz, budget, module_for, read_source
 from traceql.model import SCHEMAS, Run, Source, concat
@@ -102,6 +102,7 @@ def _ingest_one(source: Source, use_cache: bool, limits: budget.Budget | None = 
             source.detail = f"internal error reading it ({type(e).__name__}: {e}); please report it with the file"
             source.meta["internal_error"] = True  # a bug, not a bad input: `check` exits 3
         return source, {}
+    remote.named_back(source)  # a source at a URL is named by it again, also in what the cache keeps
     if key is not None:
         cache.store(source, key, tables)
         source.cache_key = key
@@ -145,6 +146,8 @@ def _in_workers(tasks: list, total: int, jobs: int, read_progress):
 
 
 def _size(s: Source) -> int:
+    if remote.is_remote(s):  # at a URL: what its listing said
+        return remote.size(s)
     try:
         if s.path.is_dir():  # a folder source (TORCH_COMPILE_DEBUG) holds its files' bytes, not zero
             return budget.estimated_bytes(s.path)
@@ -192,6 +195,21 @@ def _ingest(run_path: Path, sources: list[Source], use_cache: bool, jobs: int | 
             if progress:
                 progress(s)
         todo = misses
+    # sources at a URL: copied here (a Dask worker under --scheduler) into private temporary files, read as local
+    # files by the usual readers under the usual budgets, named by their URL again after (traceql.remote)
+    spool = remote.Spool(todo, _supported)
+    try:
+        run = _read(run_path, sources, spool.ready, [*results, *((s, {}) for s in spool.failed)], keys, use_cache,
+                    jobs, progress, read_progress)
+    finally:
+        spool.close()
+    for s in run.sources:
+        remote.named_back(s)
+    return run
+
+
+def _read(run_path: Path, sources: list[Source], todo: list[Source], results: list, keys: dict, use_cache: bool,
+          jobs: int | None, progress, read_progress) -> Run:
     total = sum(_size(s) for s in todo)
     jobs = jobs or min(len(todo), os.cpu_count() or 1)
     mode = budget.isolation_mode()
@@ -222,6 +240,7 @@ def _ingest(run_path: Path, sources: list[Source], use_cache: bool, jobs: int | 
         else:
             done_iter = _in_workers(tasks, total, jobs, read_progress)
         for src, tables in done_iter:
+            remote.named_back(src)
             key = keys.get(src.id)
             if key is not None and src.status in ("ok", "partial"):
                 cache.store(src, key, tables)
@@ -262,7 +281,7 @@ def _ingest(run_path: Path, sources: list[Source], use_cache: bool, jobs: int | 
         for name, df in tables.items():
             frames.setdefault(name, []).append(df)
     tables = {name: concat(name, frames.get(name, [])) for name in SCHEMAS}
-    run = Run(path=Path(run_path), sources=merged_sources, tables=tables)
+    run = Run(path=run_path if remote.is_url(run_path) else Path(run_path), sources=merged_sources, tables=tables)
     read = [s for s in merged_sources if s.status in ("ok", "partial")]
     if use_cache and read and all(s.cache_key for s in read):
         run.derived_cache = cache.run_dir([(s.id, s.cache_key) for s in read])
