@@ -46,8 +46,7 @@ def synth_rank(r: int, ranks: int, steps: int, kps: int, cps: int) -> dict[str, 
                        # every 16th step, the second half's kernels wait on a slow host: launch-bound gaps
                        (((pl.col("_step") % 16) == 5) & (pl.col("_pos") > n_per // 2)).alias("_slow"))
     step0 = t0 + pl.col("_step") * step_ns
-    # host side: one launch per kernel, the host runs ahead of the GPU except in slow stretches
-    host_dt = pl.when(pl.col("_slow")).then(60_000).otherwise(15_000)
+    # host side: one launch per kernel every 15 us, 60 us in slow stretches; the host runs ahead of the GPU except there
     k = k.with_columns(
         (step0 + 200_000 + pl.col("_pos") * 15_000 + pl.when(pl.col("_slow")).then((pl.col("_pos") - n_per // 2) * 45_000).otherwise(0)).alias("_lts"),
     )
