@@ -395,19 +395,20 @@ def _interior_runs(k: pl.DataFrame, prev: pl.Series, waits: dict, host: _HostVie
     return out
 
 
-# The walk split where it may go on on another rank. A rank's part of the walk (_Part.segments) needs only its own
-# rows and its waits in host-side collectives; the cross-rank stage (stitch) needs only per-step and per-collective
-# rows: so a rank task walks its segments where its kernels were read, and no kernel row ever leaves it.
+# The walk split where it goes on on another rank. A rank's part of the walk (_Part.segments) reads only its own rows,
+# its waits in host-side collectives and the rows of jumps_frame for its collective kernels; the cross-rank stage
+# (stitch) reads only per-step and per-collective rows (_Part.meta) and the segments: so a rank task walks its
+# segments where its kernels were read, and no kernel row ever leaves it (traceql.executor).
 #
-# A segment starts at an entry and walks the rank's kernels, exactly as the walk above does, up to the first point
-# where the walk may go on on another rank, or to its end:
-# - entries: ("last", row, s): the step's last kernel, visited; ("after", row, s): a collective kernel already
-#   visited (the walk goes on with the gap before it); ("host", (rank, t), s): the path arrives on the rank at time t,
-#   the end of another rank's wait for it in a host-side collective.
-# - exits: ("d1", row, ts, end, dur): a collective kernel (matched: collective_matches), not yet visited: whether
-#   another rank arrived after it started (collective_instances' last arriver) is the cross-rank stage's to decide;
-#   dur is its time where nobody was waited for. ("hj", rank, t): the host waited in a host-side collective for a
-#   later rank (the rank's own rows of collective_instances say which: host_waits); ("stop", t): the step's start.
+# A segment starts at an entry and walks the rank's kernels, exactly as the walk above does, up to the point where the
+# walk goes on on another rank, or to its end:
+# - entries: ("last", row, s): the step's last kernel, visited; ("after", row, s): a collective kernel the walk
+#   arrived at from a rank that waited for it (the walk goes on with the gap before it); ("host", (rank, t), s): the
+#   path arrives on the rank at time t, the end of another rank's wait for it in a host-side collective.
+# - exits: ("d1", row, ts, end, jump): a collective kernel that waited for a later rank (jump: its jumps_frame row:
+#   the last arriver's arrival, its collective kernel (part, row), its rank); ("hj", rank, t): the host waited in a
+#   host-side collective for a later rank (the rank's own rows of collective_instances: host_waits); ("stop", t):
+#   the step's start, where the walk ends.
 # Sums of a segment: _SEG_SUMS (nanoseconds and visit counts, integers: adding them in any order is exact).
 _SEG_SUMS = ("comp", "comm", "idle", "n", "launch", "sync", "input", "hcomm", "other")
 
@@ -437,17 +438,20 @@ class _Part:
         self.ranks = sorted({int(r) for r in k["rank"].unique().to_list()} | set(self.host.waits)
                             | {int(r) for r, _ in self.step_start if r is not None})
         # the collective kernels (as _collective_waits finds them): where the walk may jump to the last arriver
-        self.mk = pl.DataFrame(schema={"rank": pl.Int32, "match_id": pl.Int64, "_row": pl.Int64, "_ats": pl.Int64})
+        self.mk = pl.DataFrame(schema={"rank": pl.Int32, "match_id": pl.Int64, "_row": pl.Int64, "_ats": pl.Int64,
+                                       "step": pl.Int64})
         if coll and matches is not None and matches.height and k.height:
             m = matches.filter(pl.col("kernel_ts").is_not_null())
             raw = pk.select("rank", "source", "kind", "ts").with_row_index("_row") \
                 .filter(pl.col("kind") == "comm").select("_row", "rank", "source", pl.col("ts").alias("kernel_ts"))
             mk = m.select("rank", "source", "match_id", "kernel_ts").join(raw, on=["rank", "source", "kernel_ts"], how="inner") \
                 .unique(["rank", "match_id"], keep="first")
-            ats = k.select(pl.col("ts").alias("_ats")).with_row_index("_row")
+            ats = k.select(pl.col("ts").alias("_ats"), "step").with_row_index("_row")
             self.mk = mk.join(ats, on="_row", how="inner").select(
-                pl.col("rank").cast(pl.Int32), pl.col("match_id").cast(pl.Int64), pl.col("_row").cast(pl.Int64), "_ats")
+                pl.col("rank").cast(pl.Int32), pl.col("match_id").cast(pl.Int64), pl.col("_row").cast(pl.Int64), "_ats",
+                pl.col("step").cast(pl.Int64))
         self.exits = set(self.mk["_row"].to_list())
+        self.jumps: dict[int, tuple] = {}  # set_jumps: the collective kernels here that waited for a later rank
         pv = _prev_on_device(k)
         self.prev = _int_view(pv.fill_null(-1))
         self.rank = _int_view(k["rank"])
@@ -455,7 +459,6 @@ class _Part:
         self.end = _int_view(k["end"])
         self.is_comm = _int_view((k["kind"] == "comm").fill_null(False))
         self.lend = _int_view(k["launch_end"].fill_null(_NO_TIME))
-        self._step = k["step"]
         self.runs = _interior_runs(k, pv, self.exits, self.host, self.step_start) if k.height >= _RUNS_FROM else None
         # per step, the part's last kernel (the first such row where several end together), as critical_path picks it
         at = pl.col("end").arg_max()
@@ -470,12 +473,10 @@ class _Part:
         """What the cross-rank stage reads of this part: per step its last kernel, per collective its kernel row."""
         return self.lasts, self.mk, self.ranks
 
-    def natural(self) -> list[tuple]:
-        """The entries a walk most likely asks of this part: every step's last kernel, and every collective kernel
-        for its own step (a Dask round trip saved per jump; any other entry is asked for later)."""
-        es = [("last", r, s) for s, r in self.lasts.select("step", "_row").iter_rows()]
-        rows = self.mk["_row"]
-        return es + [("after", r, s) for r, s in zip(rows.to_list(), self._step.gather(rows).to_list()) if s is not None]
+    def set_jumps(self, j: pl.DataFrame) -> None:
+        """This part's rows of jumps_frame: where the walk leaves a collective kernel for its last arriver's."""
+        self.jumps = {r: (a, (lp, lr), x) for r, a, lp, lr, x in
+                      j.select("_row", "_larr", "_lpart", "_lrow", "last_arriver").iter_rows()}
 
     def segments(self, entries) -> dict[tuple, tuple]:
         """entry -> (sums as _SEG_SUMS, exit), for every entry asked; the host gaps of all of them charged at once."""
@@ -524,7 +525,9 @@ class _Part:
                 # a kernel that began before the step on its rank counts from the step's start: the path ends there
                 dur = max(0, end[cur] - max(ts[cur], w0 if w0 is not None else ts[cur]))
                 if cur in exits:
-                    return done(("d1", cur, ts[cur], end[cur], dur))
+                    j = self.jumps.get(cur)
+                    if j is not None and j[0] < end[cur]:  # it waited for a later rank: the walk goes on there
+                        return done(("d1", cur, ts[cur], end[cur], j))
                 n += 1
                 if is_comm := self.is_comm[cur]:
                     comm += dur
@@ -574,37 +577,45 @@ class _Part:
             mode = "visit"
 
 
-def _jumps_of(metas: list[tuple], ci: pl.DataFrame | None) -> dict[tuple[int, int], tuple[int, tuple[int, int], int]]:
-    """(part, collective kernel row) -> (arrival of the last arriver, (part, row) of its collective kernel, its rank),
-    where another rank arrived after this collective kernel started (_collective_waits, over the parts' rows)."""
+def jumps_frame(metas: list[tuple], ci: pl.DataFrame | None) -> pl.DataFrame:
+    """Per collective kernel row (_part, _row) where another rank arrived after it started (_collective_waits, over
+    the parts' metas): the arrival of the last arriver (_larr), its collective kernel (_lpart, _lrow) and rank
+    (last_arriver), and the step of the kernel that waited (step: the walk most likely to jump there)."""
+    schema = {"_part": pl.Int64, "_row": pl.Int64, "_larr": pl.Int64, "_lpart": pl.Int64, "_lrow": pl.Int64,
+              "last_arriver": pl.Int64, "step": pl.Int64}
     mks = [mk.with_columns(pl.lit(i, dtype=pl.Int64).alias("_part")) for i, (_, mk, _) in enumerate(metas) if mk.height]
     if ci is None or not mks:
-        return {}
-    ci = ci.select("rank", "match_id", "arrival", "last_arriver", "n_ranks")
-    mk = pl.concat(mks).join(ci.with_columns(pl.col("rank").cast(pl.Int32), pl.col("match_id").cast(pl.Int64)),
-                             on=["rank", "match_id"], how="inner").filter(pl.col("n_ranks") >= 2)
+        return pl.DataFrame(schema=schema)
+    ci = ci.select(pl.col("rank").cast(pl.Int32), pl.col("match_id").cast(pl.Int64), "arrival", "last_arriver", "n_ranks")
+    mk = pl.concat(mks).join(ci, on=["rank", "match_id"], how="inner").filter(pl.col("n_ranks") >= 2)
     last = mk.filter(pl.col("rank") == pl.col("last_arriver")).select(
         "match_id", pl.col("_part").alias("_lpart"), pl.col("_row").alias("_lrow"), pl.col("arrival").alias("_larr"))
     j = mk.join(last, on="match_id", how="inner").filter(
         (pl.col("rank") != pl.col("last_arriver")) & (pl.col("_larr") > pl.col("_ats")))
-    return {(p, r): (a, (lp, lr), x) for p, r, a, lp, lr, x in
-            j.select("_part", "_row", "_larr", "_lpart", "_lrow", "last_arriver").iter_rows()}
+    # one kernel row of two collectives that both waited: the last of them, as a dict built from these rows keeps
+    return j.select([pl.col(c).cast(t) for c, t in schema.items()]).unique(["_part", "_row"], keep="last",
+                                                                            maintain_order=True)
 
 
-def stitch(metas: list[tuple], ci: pl.DataFrame | None, fetch, cache: dict | None = None) -> pl.DataFrame:
-    """critical_path from the parts' metas (_Part.meta, in the run's row order) and the run's collective_instances
-    (None: no collectives): every step's walk goes from segment to segment, across ranks at the collectives' last
-    arrivers and the host-side waits. fetch({part: [entry, ...]}) -> {part: {entry: segment}} walks the segments
-    a step still lacks, in rounds (on Dask, one task per part and round); cache holds segments walked already."""
-    cache = {} if cache is None else cache
-    jumps = _jumps_of(metas, ci)
-    part_of = {r: i for i, (_, _, ranks) in enumerate(metas) for r in ranks}
-    # the last kernel of each step over all ranks: the latest end, the first row (in the run's order) where tied
+def last_kernels(metas: list[tuple]) -> dict[int, tuple]:
+    """step -> (part, row, end, rank, name) of the step's last kernel over all ranks: the latest end, the first row
+    (parts in the run's row order) where several end together."""
     best: dict[int, tuple] = {}
     for i, (lasts, _, _) in enumerate(metas):
         for s, row, e, r, name in lasts.select("step", "_row", "end", "rank", "name").iter_rows():
             if s not in best or e > best[s][2]:
                 best[s] = (i, row, e, r, name)
+    return best
+
+
+def stitch(metas: list[tuple], fetch, cache: dict | None = None) -> pl.DataFrame:
+    """critical_path from the parts' metas (_Part.meta, in the run's row order; their jumps set): every step's walk
+    goes from segment to segment, across ranks at the collectives' last arrivers and the host-side waits.
+    fetch({part: [entry, ...]}) -> {part: {entry: segment}} walks the segments the walks still lack, in rounds (on
+    Dask, one task per part and round); cache: {(part, entry): segment} walked already."""
+    cache = {} if cache is None else cache
+    part_of = {r: i for i, (_, _, ranks) in enumerate(metas) for r in ranks}
+    best = last_kernels(metas)
     walks = []
     for s in sorted(best):
         i, row, e, r, name = best[s]
@@ -619,7 +630,7 @@ def stitch(metas: list[tuple], ci: pl.DataFrame | None, fetch, cache: dict | Non
                 if seg is None:
                     need.setdefault(w["at"][0], []).append(w["at"][1])
                     break
-                _advance(w, seg, jumps, part_of)
+                _advance(w, seg, part_of)
         todo = [w for w in todo if w["t"] is None]
         if need:
             for i, segs in fetch(need).items():
@@ -641,39 +652,32 @@ def stitch(metas: list[tuple], ci: pl.DataFrame | None, fetch, cache: dict | Non
     return pl.DataFrame(rows, schema=CP_SCHEMA)
 
 
-def _advance(w: dict, seg: tuple, jumps: dict, part_of: dict) -> None:
+def _advance(w: dict, seg: tuple, part_of: dict) -> None:
     """One segment added to a step's walk, and where the walk goes on (or its start, w["t"])."""
     sums, ex = seg
     w["sums"] = [a + b for a, b in zip(w["sums"], sums)]
     w["guard"] += sums[3] + 1
-    part, s = w["at"][0], w["s"]
     if ex[0] == "stop":
         w["t"] = ex[1]
         return
     if w["guard"] >= _GUARD:  # a walk that never ends (the walk's own guard): it stops where it is
         w["t"] = ex[3] if ex[0] == "d1" else ex[2]
         return
+    w["jumps"] += 1
+    part, s = w["at"][0], w["s"]
     if ex[0] == "hj":
         _, x, w_end = ex
-        w["jumps"] += 1
         w["host_jumps"] += 1
         w["on"].add(x)
         w["at"] = (part_of.get(x, part), ("host", (x, w_end), s))
         return
-    _, row, ts, end, dur = ex
+    # a collective kernel that waited for a later rank: the time after that rank's arrival is exposed
+    # communication; the path goes on from the last arriver's collective kernel
+    _, row, ts, end, (arr, (lp, lr), x) = ex
     w["sums"][3] += 1
-    j = jumps.get((part, row))
-    if j is not None and j[0] < end:
-        # a collective kernel that waited for a later rank: the time after that rank's arrival is exposed
-        # communication; the path goes on from the last arriver's collective kernel
-        arr, (lp, lr), x = j
-        w["sums"][1] += end - max(arr, ts)
-        w["jumps"] += 1
-        w["on"].add(x)
-        w["at"] = (lp, ("after", lr, s))
-    else:
-        w["sums"][1] += dur
-        w["at"] = (part, ("after", row, s))
+    w["sums"][1] += end - max(arr, ts)
+    w["on"].add(x)
+    w["at"] = (lp, ("after", lr, s))
 
 
 def part_of_run(run: Run) -> _Part:
@@ -694,8 +698,9 @@ def critical_path(run: Run) -> pl.DataFrame:
             _note(run, NO_GPU_NOTE)
         return pl.DataFrame(schema=CP_SCHEMA)
     part = part_of_run(run)
-    ci = ensure(run, "collective_instances") if run.has("collectives") else None
-    return stitch([part.meta()], ci, lambda need: {0: part.segments(need[0])})
+    metas = [part.meta()]
+    part.set_jumps(jumps_frame(metas, ensure(run, "collective_instances") if run.has("collectives") else None))
+    return stitch(metas, lambda need: {0: part.segments(need[0])})
 
 
 NO_GPU_NOTE = "critical_path: no GPU activity in the run (host-only backends such as gloo on CPU); not computed"
