@@ -316,6 +316,28 @@ def rank_task(run_path: str, sources: list[Source], assumed: list[int], lost: li
     return RankOutput(results, tables, list(run.notes), counts, kept, run.ranks)
 
 
+def cp_part_task(kept: dict[str, pl.DataFrame], small: dict[str, pl.DataFrame | None], coll: bool):
+    """The critical path's part of one rank group (link.critical_path._Part), built from its kept path_kernels and
+    host_cover and its ranks' rows of the driver's small tables; it stays on the worker for the segment tasks."""
+    from traceql.link.critical_path import _Part
+
+    return _Part(kept.get("path_kernels", empty("path_kernels")), kept.get("host_cover", empty("host_cover")),
+                 small["steps"], small.get("offsets"), small.get("matches"), small.get("ci"), coll)
+
+
+def cp_meta(part) -> tuple[tuple, int]:
+    """What the driver reads of a part: per step its last kernel, per collective its kernel row; its kernel count."""
+    return part.meta(), part.n_kernels
+
+
+def cp_with_jumps(part, jumps: pl.DataFrame):
+    return part.with_jumps(jumps)
+
+
+def cp_segments(part, entries: list[tuple]) -> dict[tuple, tuple]:
+    return part.segments(entries)
+
+
 def remote_task(name: str, kept: list[dict[str, pl.DataFrame]], small: dict[str, pl.DataFrame]
                 ) -> tuple[pl.DataFrame, list[str]]:
     """An ON_WORKER table built on a worker from the rank tasks' kept tables (in the driver's source order) and the
@@ -476,8 +498,11 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
         for name, n in o.counts.items():
             run.held[name] = run.held.get(name, 0) + n
     for name in sorted(p.remote):
-        _build_on_worker(client, run, name, [client.submit(kept_of, f, list(ON_WORKER[name]), pure=False)
-                                             for _, f in kept])
+        kept_futs = [client.submit(kept_of, f, list(ON_WORKER[name]), pure=False) for _, f in kept]
+        if name == "critical_path":
+            _critical_path_on_workers(client, run, kept_futs, [o.ranks for o in outputs])
+        else:
+            _build_on_worker(client, run, name, kept_futs)
     late = []
     if p.late:
         given = {t: link.ensure(run, t) for t in sorted(p.given)}
@@ -511,3 +536,50 @@ def _build_on_worker(client, run: Run, name: str, kept: list) -> None:
     df, notes = client.submit(remote_task, name, kept, small, pure=False).result()
     run.tables[name] = df
     run.notes.extend(n for n in notes if n not in run.notes)
+
+
+def _critical_path_on_workers(client, run: Run, kept: list, ranks: list[list[int]]) -> None:
+    """run.tables["critical_path"], walked where the ranks were read (link.critical_path: segments and stitch): a task
+    per rank group builds its part from its kept tables and its ranks' rows of the driver's small tables, and hands
+    back per-step and per-collective rows; the driver decides the jumps between ranks (jumps_frame), asks each part
+    for the segments the walks enter it at, and stitches them; any other segment a walk needs is asked for in a
+    further round. No kernel or host row leaves a worker."""
+    from traceql.link import critical_path as cp
+
+    coll = run.has("collectives")
+    ci = link.ensure(run, "collective_instances") if coll else None
+    small = {"steps": run.table("steps").filter(pl.col("rank").is_not_null())}
+    if coll:
+        small.update(offsets=link.ensure(run, "clock_offsets"), ci=cp.host_waits(ci),
+                     matches=link.ensure(run, "collective_matches").select("rank", "source", "match_id", "kernel_ts"))
+    split = {n: df.partition_by("rank", as_dict=True) for n, df in small.items()}
+
+    def mine(n: str, held: list[int]) -> pl.DataFrame:
+        return pl.concat([split[n][(r,)] for r in held if (r,) in split[n]] or [small[n].clear()])
+
+    parts = [client.submit(cp_part_task, k, {n: mine(n, held) for n in small}, coll, pure=False)
+             for k, held in zip(kept, ranks)]
+    got = client.gather([client.submit(cp_meta, f, pure=False) for f in parts])
+    metas = [m for m, _ in got]
+    if not any(n for _, n in got):
+        if run.has("steps") and cp.NO_GPU_NOTE not in run.notes:
+            run.notes.append(cp.NO_GPU_NOTE)
+        run.tables["critical_path"] = pl.DataFrame(schema=cp.CP_SCHEMA)
+        return
+    jf = cp.jumps_frame(metas, ci)
+    by_part = jf.partition_by("_part", as_dict=True)
+    parts = [client.submit(cp_with_jumps, f, by_part.get((i,), jf.clear()), pure=False) for i, f in enumerate(parts)]
+
+    def fetch(need: dict[int, list]) -> dict[int, dict]:
+        futs = {i: client.submit(cp_segments, parts[i], es, pure=False) for i, es in need.items()}
+        return dict(zip(futs, client.gather(list(futs.values()))))
+
+    # the first round: where the walks begin (each step's last kernel) and where they jump to (the last arrivers'
+    # collective kernels, for the step of the kernel that waited)
+    first: dict[int, list] = {}
+    for s, (i, row, *_) in cp.last_kernels(metas).items():
+        first.setdefault(i, []).append(("last", row, s))
+    for lp, lr, s in jf.filter(pl.col("step").is_not_null()).select("_lpart", "_lrow", "step").unique().iter_rows():
+        first.setdefault(lp, []).append(("after", lr, s))
+    cache = {(i, e): v for i, segs in fetch(first).items() for e, v in segs.items()}
+    run.tables["critical_path"] = cp.stitch(metas, fetch, cache)

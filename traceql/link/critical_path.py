@@ -452,6 +452,8 @@ class _Part:
                 pl.col("step").cast(pl.Int64))
         self.exits = set(self.mk["_row"].to_list())
         self.jumps: dict[int, tuple] = {}  # set_jumps: the collective kernels here that waited for a later rank
+        self._jumps: pl.DataFrame | None = None
+        self.n_kernels = k.height
         pv = _prev_on_device(k)
         self.prev = _int_view(pv.fill_null(-1))
         self.rank = _int_view(k["rank"])
@@ -467,7 +469,14 @@ class _Part:
                                   pl.col("name").get(at))
 
     def __reduce__(self):  # memoryviews do not pickle: a part moved between Dask workers is rebuilt from its tables
-        return (_Part, self._args)
+        return (_rebuilt, (self._args, self._jumps))
+
+    def with_jumps(self, j: pl.DataFrame) -> "_Part":
+        """This part with its rows of jumps_frame set (a new object: a Dask task never changes its input)."""
+        new = object.__new__(_Part)
+        new.__dict__.update(self.__dict__)
+        new.set_jumps(j)
+        return new
 
     def meta(self) -> tuple[pl.DataFrame, pl.DataFrame, list[int]]:
         """What the cross-rank stage reads of this part: per step its last kernel, per collective its kernel row."""
@@ -475,6 +484,7 @@ class _Part:
 
     def set_jumps(self, j: pl.DataFrame) -> None:
         """This part's rows of jumps_frame: where the walk leaves a collective kernel for its last arriver's."""
+        self._jumps = j
         self.jumps = {r: (a, (lp, lr), x) for r, a, lp, lr, x in
                       j.select("_row", "_larr", "_lpart", "_lrow", "last_arriver").iter_rows()}
 
@@ -575,6 +585,13 @@ class _Part:
                 return done(("stop", a))
             cur = p
             mode = "visit"
+
+
+def _rebuilt(args: tuple, jumps: pl.DataFrame | None) -> _Part:
+    part = _Part(*args)
+    if jumps is not None:
+        part.set_jumps(jumps)
+    return part
 
 
 def jumps_frame(metas: list[tuple], ci: pl.DataFrame | None) -> pl.DataFrame:
