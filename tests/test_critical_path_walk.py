@@ -1,8 +1,10 @@
 """The vectorised critical-path walk (link.critical_path) against the per-kernel Python walk it replaced, kept here
-only as the reference: the table must be identical on every fixture and sample that has kernels."""
+only as the reference: the table must be identical on every fixture and sample that has kernels, walked as one part
+(the local path) and as one part per rank, each from its own rows only (the Dask path's split)."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import polars as pl
@@ -160,3 +162,41 @@ def test_vectorised_walk_equals_the_reference_walk(name, runs_from, monkeypatch)
     run = load_run(ROOT / name)
     got = link.ensure(run, "critical_path")
     assert_frame_equal(got, _reference(run))
+
+
+def _per_rank(run: Run) -> tuple[pl.DataFrame, list]:
+    """critical_path walked as the Dask path walks it: a part per rank built from that rank's rows alone, moved
+    through pickle (as between Dask workers), its segments asked for in rounds. Also: every round's requests."""
+    from traceql.link import critical_path as cp
+    from traceql.link import ensure
+
+    coll = run.has("collectives")
+    pk, cov, steps = ensure(run, "path_kernels"), ensure(run, "host_cover"), run.table("steps")
+    offsets, matches, ci = ((ensure(run, t) if coll else None)
+                            for t in ("clock_offsets", "collective_matches", "collective_instances"))
+    ranks = sorted(set(pk["rank"].to_list()) | set(steps["rank"].drop_nulls().to_list()))
+
+    def mine(df, r):
+        return None if df is None else df.filter(pl.col("rank") == r)
+
+    parts = [pickle.loads(pickle.dumps(cp._Part(mine(pk, r), mine(cov, r), mine(steps, r), mine(offsets, r),
+                                                 mine(matches, r), mine(ci, r), coll))) for r in ranks]
+    metas = [p.meta() for p in parts]
+    jf = cp.jumps_frame(metas, ci)
+    parts = [pickle.loads(pickle.dumps(p.with_jumps(jf.filter(pl.col("_part") == i)))) for i, p in enumerate(parts)]
+    asked = []
+
+    def fetch(need):
+        asked.append(need)
+        return {i: parts[i].segments(es) for i, es in need.items()}
+    return cp.stitch(metas, fetch), asked
+
+
+@pytest.mark.parametrize("name", DIRS)
+def test_the_walk_split_per_rank_equals_the_reference_walk(name):
+    # (the CPU fixtures have no kernels: both tables are empty there; the GPU ones hold 2 to 10 steps)
+    run = load_run(ROOT / name)
+    got, asked = _per_rank(run)
+    assert_frame_equal(got, _reference(run))
+    # a round asks each part only for entries (first kernel of a step, a collective kernel, a host-side arrival)
+    assert all(e[0] in ("last", "after", "host") for need in asked for es in need.values() for e in es)
