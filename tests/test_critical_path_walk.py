@@ -12,13 +12,46 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from traceql import link
-from traceql.link.critical_path import CP_SCHEMA, _collective_waits, _HostView, _int_view, _kernels_aligned, _note, \
-    _NO_TIME, _prev_on_device
+from traceql.link.critical_path import CP_SCHEMA, _HostView, _int_view, _note, _NO_TIME, _prev_on_device
 from traceql.model import Run
 from traceql.pipeline import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 DIRS = sorted(p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "fixtures").glob("*/manifest.json")) + ["samples/demo"]
+
+
+# the reference walk's own inputs over the whole run (link.critical_path's parts build the same per rank)
+def _kernels_aligned(run: Run) -> pl.DataFrame:
+    from traceql.link import clock, ensure
+
+    k = ensure(run, "path_kernels")
+    if k.height and run.has("collectives"):
+        k = clock.align(k, ensure(run, "clock_offsets"), ["ts", "end", "launch_ts", "launch_end"])
+    return k
+
+
+def _collective_waits(run: Run, k: pl.DataFrame) -> dict[int, tuple[int, int]]:
+    """kernel row -> (arrival of the last arriver, row of the last arriver's collective kernel), where another rank
+    arrived after this collective kernel started."""
+    from traceql.link import ensure
+
+    if not run.has("collectives"):
+        return {}
+    m = ensure(run, "collective_matches").filter(pl.col("kernel_ts").is_not_null())
+    ci = ensure(run, "collective_instances").select("rank", "match_id", "arrival", "last_arriver", "n_ranks")
+    if m.height == 0:
+        return {}
+    ki = k.with_row_index("_row").select("_row", "rank", "source", "kind", pl.col("ts").alias("_ats"))
+    # collective kernel start on the raw clock (collectives.kernel_ts) -> aligned kernel row
+    raw = ensure(run, "path_kernels").select("rank", "source", "kind", "ts").with_row_index("_row") \
+        .filter(pl.col("kind") == "comm").select("_row", "rank", "source", pl.col("ts").alias("kernel_ts"))
+    mk = m.select("rank", "source", "match_id", "kernel_ts").join(raw, on=["rank", "source", "kernel_ts"], how="inner") \
+        .unique(["rank", "match_id"], keep="first").join(ci, on=["rank", "match_id"], how="inner").filter(pl.col("n_ranks") >= 2)
+    last = mk.filter(pl.col("rank") == pl.col("last_arriver")).select("match_id", pl.col("_row").alias("_lrow"),
+                                                                       pl.col("arrival").alias("_larr"))
+    j = mk.join(last, on="match_id", how="inner").join(ki.select("_row", "_ats"), on="_row", how="inner").filter(
+        (pl.col("rank") != pl.col("last_arriver")) & (pl.col("_larr") > pl.col("_ats")))
+    return {r: (a, lr) for r, a, lr in j.select("_row", "_larr", "_lrow").iter_rows()}
 
 
 def _reference(run: Run) -> pl.DataFrame:
@@ -51,7 +84,10 @@ def _reference(run: Run) -> pl.DataFrame:
         k.select("step", "end").with_row_index("_row").filter(pl.col("step").is_not_null())
         .group_by("step").agg(pl.col("_row").get(pl.col("end").arg_max()))
     )
-    host = _HostView(run, k)
+    cov = ensure(run, "host_cover")
+    if run.has("collectives") and cov.height:
+        cov = clock.align(cov, ensure(run, "clock_offsets"), ["seg_ts", "seg_end"])
+    host = _HostView(cov, ensure(run, "collective_instances") if run.has("collectives") else None, k)
     rows = []
     gaps: list[tuple[int, int, int, int]] = []  # (step, rank, a, b): host-caused gaps, charged after the walk
     for s, i in last.sort("step").iter_rows():

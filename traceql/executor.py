@@ -12,8 +12,9 @@ all tables to this process. With a Dask scheduler the work is split the way the 
    cross-rank stage reads, and nothing else;
 4. the driver builds one run from those tables and runs the cross-rank rules (matching, clock alignment, straggler,
    desync, divergence) on them. Two kinds of work read per-rank rows and a cross-rank fact together, and run on the
-   workers, not the driver: the critical path (ON_WORKER: one cluster task walks it from every rank's path_kernels
-   and host_cover, kept where the rank tasks built them, and the driver's clock offsets and matched collectives) and
+   workers, not the driver: the critical path (ON_WORKER: each rank group's part of the walk runs where its
+   path_kernels and host_cover were kept, on its ranks' rows of the driver's clock offsets and matched collectives;
+   the driver stitches the parts' segments from per-step and per-collective rows: link.critical_path) and
    the late rules (TQL105: a second task per rank group runs them on the group's kept tables and its ranks' rows of
    collective_instances). Rules' `needs` of a table that stayed on the workers are answered from row counts
    (Run.held).
@@ -338,20 +339,6 @@ def cp_segments(part, entries: list[tuple]) -> dict[tuple, tuple]:
     return part.segments(entries)
 
 
-def remote_task(name: str, kept: list[dict[str, pl.DataFrame]], small: dict[str, pl.DataFrame]
-                ) -> tuple[pl.DataFrame, list[str]]:
-    """An ON_WORKER table built on a worker from the rank tasks' kept tables (in the driver's source order) and the
-    driver's small run-scoped and canonical tables it reads; only the table and its notes go back."""
-    tables = dict(small)
-    for x in ON_WORKER[name]:
-        fs = [k[x] for k in kept if x in k and k[x].height]
-        tables[x] = pl.concat(fs, how="vertical_relaxed") if fs else empty(x)
-    run = Run(path=Path("."), tables=tables)
-    df = link.ensure(run, name)
-    return df, list(run.notes)
-
-
-
 # ---------------------------------------------------------------- the driver
 
 
@@ -498,11 +485,8 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
         for name, n in o.counts.items():
             run.held[name] = run.held.get(name, 0) + n
     for name in sorted(p.remote):
-        kept_futs = [client.submit(kept_of, f, list(ON_WORKER[name]), pure=False) for _, f in kept]
-        if name == "critical_path":
-            _critical_path_on_workers(client, run, kept_futs, [o.ranks for o in outputs])
-        else:
-            _build_on_worker(client, run, name, kept_futs)
+        _BUILD_ON_WORKERS[name](client, run, [client.submit(kept_of, f, list(ON_WORKER[name]), pure=False)
+                                              for _, f in kept], [o.ranks for o in outputs])
     late = []
     if p.late:
         given = {t: link.ensure(run, t) for t in sorted(p.given)}
@@ -527,15 +511,6 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
             per.setdefault(res.rule.id, []).append(res)
     results = [cross[r.id] if r.id in cross else _merge(r, per.get(r.id, [])) for r in rules]
     return run, results
-
-
-def _build_on_worker(client, run: Run, name: str, kept: list) -> None:
-    """run.tables[name] (an ON_WORKER table) built by one cluster task from the rank tasks' kept tables and the
-    driver's small tables it reads (built here first: clock offsets, matched collectives)."""
-    small = {x: link.ensure(run, x) for x in DERIVED[name].reads if x not in ON_WORKER[name]}
-    df, notes = client.submit(remote_task, name, kept, small, pure=False).result()
-    run.tables[name] = df
-    run.notes.extend(n for n in notes if n not in run.notes)
 
 
 def _critical_path_on_workers(client, run: Run, kept: list, ranks: list[list[int]]) -> None:
@@ -583,3 +558,7 @@ def _critical_path_on_workers(client, run: Run, kept: list, ranks: list[list[int
         first.setdefault(lp, []).append(("after", lr, s))
     cache = {(i, e): v for i, segs in fetch(first).items() for e, v in segs.items()}
     run.tables["critical_path"] = cp.stitch(metas, fetch, cache)
+
+
+# how each ON_WORKER table is built where its rank-scoped reads stayed
+_BUILD_ON_WORKERS = {"critical_path": _critical_path_on_workers}

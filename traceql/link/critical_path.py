@@ -29,7 +29,12 @@ host-side collectives.
 
 The walk's inputs are per rank and on the rank's own clock (path_kernels: the kernels with their launch calls;
 host_cover: what the host did, as unions of intervals), so a rank task builds them where the rank was read; the
-clock offsets, a shift per rank, are applied here (traceql.executor walks the path on a worker, not the driver).
+clock offsets, a shift per rank, are applied where the path is walked. The walk goes on on another rank only at a
+collective kernel that waited for a later rank and at a host-side collective wait, so it is split there: a rank's
+part (_Part) walks the segments between those points from its own rows, and the cross-rank stage (stitch) chains
+the segments across ranks from per-step and per-collective rows (jumps_frame, from collective_instances and the
+parts' collective kernels). On Dask (traceql.executor) each rank group's part runs where its rows were read and no
+kernel or host row leaves it; the local path walks the whole run as one part.
 
 Ranks without GPU activity (gloo on CPU) have no kernels: their steps have no critical path here (run.notes says
 so); their waits are in collective_instances.
@@ -115,39 +120,6 @@ def host_cover(run: Run) -> pl.DataFrame:
     return pl.concat([p.select([pl.col(c).cast(t) for c, t in HOST_COVER_SCHEMA.items()]) for p in parts])
 
 
-def _kernels_aligned(run: Run) -> pl.DataFrame:
-    from traceql.link import clock, ensure
-
-    k = ensure(run, "path_kernels")
-    if k.height and run.has("collectives"):
-        k = clock.align(k, ensure(run, "clock_offsets"), ["ts", "end", "launch_ts", "launch_end"])
-    return k
-
-
-def _collective_waits(run: Run, k: pl.DataFrame) -> dict[int, tuple[int, int]]:
-    """kernel row -> (arrival of the last arriver, row of the last arriver's collective kernel), where another rank
-    arrived after this collective kernel started."""
-    from traceql.link import ensure
-
-    if not run.has("collectives"):
-        return {}
-    m = ensure(run, "collective_matches").filter(pl.col("kernel_ts").is_not_null())
-    ci = ensure(run, "collective_instances").select("rank", "match_id", "arrival", "last_arriver", "n_ranks")
-    if m.height == 0:
-        return {}
-    ki = k.with_row_index("_row").select("_row", "rank", "source", "kind", pl.col("ts").alias("_ats"))
-    # collective kernel start on the raw clock (collectives.kernel_ts) -> aligned kernel row
-    raw = ensure(run, "path_kernels").select("rank", "source", "kind", "ts").with_row_index("_row") \
-        .filter(pl.col("kind") == "comm").select("_row", "rank", "source", pl.col("ts").alias("kernel_ts"))
-    mk = m.select("rank", "source", "match_id", "kernel_ts").join(raw, on=["rank", "source", "kernel_ts"], how="inner") \
-        .unique(["rank", "match_id"], keep="first").join(ci, on=["rank", "match_id"], how="inner").filter(pl.col("n_ranks") >= 2)
-    last = mk.filter(pl.col("rank") == pl.col("last_arriver")).select("match_id", pl.col("_row").alias("_lrow"),
-                                                                       pl.col("arrival").alias("_larr"))
-    j = mk.join(last, on="match_id", how="inner").join(ki.select("_row", "_ats"), on="_row", how="inner").filter(
-        (pl.col("rank") != pl.col("last_arriver")) & (pl.col("_larr") > pl.col("_ats")))
-    return {r: (a, lr) for r, a, lr in j.select("_row", "_larr", "_lrow").iter_rows()}
-
-
 _NO_TIME = -(1 << 63)
 
 
@@ -222,23 +194,9 @@ class _HostView:
     calls, and its waits in host-side collectives (gloo: the call blocks the host) for a later rank;
     and each rank's kernels by end time, to go on from a rank the path jumps to."""
 
-    def __init__(self, run: Run, k: pl.DataFrame):
-        from traceql.link import clock, ensure
-
-        cov = ensure(run, "host_cover")
-        if run.has("collectives") and cov.height:
-            cov = clock.align(cov, ensure(run, "clock_offsets"), ["seg_ts", "seg_end"])
-        self._setup(cov, ensure(run, "collective_instances") if run.has("collectives") else None, k)
-
-    @classmethod
-    def of(cls, cov: pl.DataFrame, ci: pl.DataFrame | None, k: pl.DataFrame) -> "_HostView":
-        """From the tables themselves: cov on the aligned clock, ci the ranks' rows of collective_instances (None:
-        the run has no collectives), k the ranks' kernels."""
-        self = cls.__new__(cls)
-        self._setup(cov, ci, k)
-        return self
-
-    def _setup(self, cov: pl.DataFrame, ci: pl.DataFrame | None, k: pl.DataFrame) -> None:
+    def __init__(self, cov: pl.DataFrame, ci: pl.DataFrame | None, k: pl.DataFrame):
+        """cov: the ranks' host_cover on the aligned clock; ci: their rows of collective_instances (None: the run has
+        no collectives); k: their kernels, aligned."""
         self.cover = {c: self._cover(cov, c) for c in ("loader", "sync", "ops", "host_comm")}
         self.waits: dict[int, tuple[list[int], list[tuple[int, int]]]] = {}
         if ci is not None:
@@ -434,7 +392,7 @@ class _Part:
         self.step_start = {(r, s): t for r, s, t in st.group_by("rank", "step").agg(pl.col("ts").min()).iter_rows()}
         if coll and cov.height:
             cov = clock.align(cov, offsets, ["seg_ts", "seg_end"])
-        self.host = _HostView.of(cov, ci if coll else None, k)
+        self.host = _HostView(cov, ci if coll else None, k)
         self.ranks = sorted({int(r) for r in k["rank"].unique().to_list()} | set(self.host.waits)
                             | {int(r) for r, _ in self.step_start if r is not None})
         # the collective kernels (as _collective_waits finds them): where the walk may jump to the last arriver
@@ -471,7 +429,7 @@ class _Part:
     def __reduce__(self):  # memoryviews do not pickle: a part moved between Dask workers is rebuilt from its tables
         return (_rebuilt, (self._args, self._jumps))
 
-    def with_jumps(self, j: pl.DataFrame) -> "_Part":
+    def with_jumps(self, j: pl.DataFrame) -> _Part:
         """This part with its rows of jumps_frame set (a new object: a Dask task never changes its input)."""
         new = object.__new__(_Part)
         new.__dict__.update(self.__dict__)
@@ -690,7 +648,7 @@ def _advance(w: dict, seg: tuple, part_of: dict) -> None:
         return
     # a collective kernel that waited for a later rank: the time after that rank's arrival is exposed
     # communication; the path goes on from the last arriver's collective kernel
-    _, row, ts, end, (arr, (lp, lr), x) = ex
+    _, _, ts, end, (arr, (lp, lr), x) = ex
     w["sums"][3] += 1
     w["sums"][1] += end - max(arr, ts)
     w["on"].add(x)
