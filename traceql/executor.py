@@ -136,9 +136,10 @@ def is_per_rank(rule: Rule) -> bool:
     return all(_rank_scoped(t, views) for t in reach(rule))
 
 
-# Run-scoped tables that read rank-scoped tables of per-kernel or per-host-segment rows, too big for the driver: a
-# cluster task builds each from those tables, which stay on the workers where the rank tasks built them (plan.stay),
-# and from the driver's small tables it reads; only the table comes back. {table: the rank-scoped reads that stay}
+# Run-scoped tables that read rank-scoped tables of per-kernel or per-host-segment rows, too big for the driver: those
+# tables stay on the workers where the rank tasks built them (plan.stay), tasks there work on each rank group's own
+# rows and its share of the driver's small tables, and only small rows come back (_BUILD_ON_WORKERS: the critical
+# path's parts and segments, per step and per collective). {table: the rank-scoped reads that stay}
 ON_WORKER = {"critical_path": ("path_kernels", "host_cover")}
 # the per-rank tables of a run: what a rank task never returns to the driver (tests/test_executor.py)
 BIG = ("kernels", "host_ops", "runtime", "syncs", "flows")
