@@ -227,7 +227,9 @@ def test_the_critical_path_ships_rows_per_step_and_collective_never_per_kernel(n
     segments = sum(len(x) for x in shipped if isinstance(x, dict))
     steps, colls = (local.run.table(t).height for t in ("steps", "collectives"))
     assert rows <= steps + colls
-    assert segments <= dc.height + colls
+    assert segments <= dc.height + 2 * colls  # a collective kernel or a host-side wait's late rank per collective
+    # the first round holds what the walks enter the ranks at: at most one further round per step
+    assert len(shipped) - 2 <= dc.height
     assert rows + segments < local.run.table("kernels").height / 4
 
 

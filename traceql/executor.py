@@ -551,12 +551,19 @@ def _critical_path_on_workers(client, run: Run, kept: list, ranks: list[list[int
         return dict(zip(futs, client.gather(list(futs.values()))))
 
     # the first round: where the walks begin (each step's last kernel) and where they jump to (the last arrivers'
-    # collective kernels, for the step of the kernel that waited)
+    # collective kernels, for the step of the kernel that waited; the late ranks of host-side collectives at the end
+    # of the waits for them, for the step of the wait)
     first: dict[int, list] = {}
     for s, (i, row, *_) in cp.last_kernels(metas).items():
         first.setdefault(i, []).append(("last", row, s))
     for lp, lr, s in jf.filter(pl.col("step").is_not_null()).select("_lpart", "_lrow", "step").unique().iter_rows():
         first.setdefault(lp, []).append(("after", lr, s))
+    part_of = {r: i for i, (_, _, held) in enumerate(metas) for r in held}
+    if coll:
+        for x, w_end, s in small["ci"].filter(pl.col("step").is_not_null()).select(
+                "last_arriver", "wait_end", "step").unique().iter_rows():
+            if x in part_of:
+                first.setdefault(part_of[x], []).append(("host", (int(x), w_end), s))
     cache = {(i, e): v for i, segs in fetch(first).items() for e, v in segs.items()}
     run.tables["critical_path"] = cp.stitch(metas, fetch, cache)
 
