@@ -1,8 +1,10 @@
 """The vectorised critical-path walk (link.critical_path) against the per-kernel Python walk it replaced, kept here
-only as the reference: the table must be identical on every fixture and sample that has kernels."""
+only as the reference: the table must be identical on every fixture and sample that has kernels, walked as one part
+(the local path) and as one part per rank, each from its own rows only (the Dask path's split)."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import polars as pl
@@ -10,13 +12,46 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from traceql import link
-from traceql.link.critical_path import CP_SCHEMA, _collective_waits, _HostView, _int_view, _kernels_aligned, _note, \
-    _NO_TIME, _prev_on_device
+from traceql.link.critical_path import CP_SCHEMA, _HostView, _int_view, _note, _NO_TIME, _prev_on_device
 from traceql.model import Run
 from traceql.pipeline import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 DIRS = sorted(p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "fixtures").glob("*/manifest.json")) + ["samples/demo"]
+
+
+# the reference walk's own inputs over the whole run (link.critical_path's parts build the same per rank)
+def _kernels_aligned(run: Run) -> pl.DataFrame:
+    from traceql.link import clock, ensure
+
+    k = ensure(run, "path_kernels")
+    if k.height and run.has("collectives"):
+        k = clock.align(k, ensure(run, "clock_offsets"), ["ts", "end", "launch_ts", "launch_end"])
+    return k
+
+
+def _collective_waits(run: Run, k: pl.DataFrame) -> dict[int, tuple[int, int]]:
+    """kernel row -> (arrival of the last arriver, row of the last arriver's collective kernel), where another rank
+    arrived after this collective kernel started."""
+    from traceql.link import ensure
+
+    if not run.has("collectives"):
+        return {}
+    m = ensure(run, "collective_matches").filter(pl.col("kernel_ts").is_not_null())
+    ci = ensure(run, "collective_instances").select("rank", "match_id", "arrival", "last_arriver", "n_ranks")
+    if m.height == 0:
+        return {}
+    ki = k.with_row_index("_row").select("_row", "rank", "source", "kind", pl.col("ts").alias("_ats"))
+    # collective kernel start on the raw clock (collectives.kernel_ts) -> aligned kernel row
+    raw = ensure(run, "path_kernels").select("rank", "source", "kind", "ts").with_row_index("_row") \
+        .filter(pl.col("kind") == "comm").select("_row", "rank", "source", pl.col("ts").alias("kernel_ts"))
+    mk = m.select("rank", "source", "match_id", "kernel_ts").join(raw, on=["rank", "source", "kernel_ts"], how="inner") \
+        .unique(["rank", "match_id"], keep="first").join(ci, on=["rank", "match_id"], how="inner").filter(pl.col("n_ranks") >= 2)
+    last = mk.filter(pl.col("rank") == pl.col("last_arriver")).select("match_id", pl.col("_row").alias("_lrow"),
+                                                                       pl.col("arrival").alias("_larr"))
+    j = mk.join(last, on="match_id", how="inner").join(ki.select("_row", "_ats"), on="_row", how="inner").filter(
+        (pl.col("rank") != pl.col("last_arriver")) & (pl.col("_larr") > pl.col("_ats")))
+    return {r: (a, lr) for r, a, lr in j.select("_row", "_larr", "_lrow").iter_rows()}
 
 
 def _reference(run: Run) -> pl.DataFrame:
@@ -49,7 +84,10 @@ def _reference(run: Run) -> pl.DataFrame:
         k.select("step", "end").with_row_index("_row").filter(pl.col("step").is_not_null())
         .group_by("step").agg(pl.col("_row").get(pl.col("end").arg_max()))
     )
-    host = _HostView(run, k)
+    cov = ensure(run, "host_cover")
+    if run.has("collectives") and cov.height:
+        cov = clock.align(cov, ensure(run, "clock_offsets"), ["seg_ts", "seg_end"])
+    host = _HostView(cov, ensure(run, "collective_instances") if run.has("collectives") else None, k)
     rows = []
     gaps: list[tuple[int, int, int, int]] = []  # (step, rank, a, b): host-caused gaps, charged after the walk
     for s, i in last.sort("step").iter_rows():
@@ -160,3 +198,41 @@ def test_vectorised_walk_equals_the_reference_walk(name, runs_from, monkeypatch)
     run = load_run(ROOT / name)
     got = link.ensure(run, "critical_path")
     assert_frame_equal(got, _reference(run))
+
+
+def _per_rank(run: Run) -> tuple[pl.DataFrame, list]:
+    """critical_path walked as the Dask path walks it: a part per rank built from that rank's rows alone, moved
+    through pickle (as between Dask workers), its segments asked for in rounds. Also: every round's requests."""
+    from traceql.link import critical_path as cp
+    from traceql.link import ensure
+
+    coll = run.has("collectives")
+    pk, cov, steps = ensure(run, "path_kernels"), ensure(run, "host_cover"), run.table("steps")
+    offsets, matches, ci = ((ensure(run, t) if coll else None)
+                            for t in ("clock_offsets", "collective_matches", "collective_instances"))
+    ranks = sorted(set(pk["rank"].to_list()) | set(steps["rank"].drop_nulls().to_list()))
+
+    def mine(df, r):
+        return None if df is None else df.filter(pl.col("rank") == r)
+
+    parts = [pickle.loads(pickle.dumps(cp._Part(mine(pk, r), mine(cov, r), mine(steps, r), mine(offsets, r),
+                                                 mine(matches, r), mine(ci, r), coll))) for r in ranks]
+    metas = [p.meta() for p in parts]
+    jf = cp.jumps_frame(metas, ci)
+    parts = [pickle.loads(pickle.dumps(p.with_jumps(jf.filter(pl.col("_part") == i)))) for i, p in enumerate(parts)]
+    asked = []
+
+    def fetch(need):
+        asked.append(need)
+        return {i: parts[i].segments(es) for i, es in need.items()}
+    return cp.stitch(metas, fetch), asked
+
+
+@pytest.mark.parametrize("name", DIRS)
+def test_the_walk_split_per_rank_equals_the_reference_walk(name):
+    # (the CPU fixtures have no kernels: both tables are empty there; the GPU ones hold 2 to 10 steps)
+    run = load_run(ROOT / name)
+    got, asked = _per_rank(run)
+    assert_frame_equal(got, _reference(run))
+    # a round asks each part only for entries (first kernel of a step, a collective kernel, a host-side arrival)
+    assert all(e[0] in ("last", "after", "host") for need in asked for es in need.values() for e in es)

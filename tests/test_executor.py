@@ -182,6 +182,57 @@ def test_a_rank_task_hands_the_driver_only_small_tables(name, client):
         assert dc.height > 0
 
 
+def _frames(x) -> list:
+    """Every DataFrame inside what a task handed back (tuples, lists, dicts of them)."""
+    import polars as pl
+
+    if isinstance(x, pl.DataFrame):
+        return [x]
+    if isinstance(x, dict):
+        return [f for v in x.values() for f in _frames(v)]
+    if isinstance(x, (list, tuple)):
+        return [f for v in x for f in _frames(v)]
+    return []
+
+
+@pytest.mark.parametrize("name", ["h200x2-straggler", "h200x2-exposed-allreduce-nsys", "samples/demo"])
+def test_the_critical_path_ships_rows_per_step_and_collective_never_per_kernel(name, client, monkeypatch):
+    # what reaches the driver for the critical path: the parts' metas and segments, all of which the driver hands
+    # the stitch (the first round's segments in its cache, later rounds' through fetch)
+    from traceql.link import critical_path as cp
+
+    run_dir = _dir(name)
+    local = pipeline.check(run_dir, use_cache=False)
+    shipped: list = []
+
+    def stitch(metas, fetch, cache=None):
+        shipped.extend([metas, dict(cache or {})])
+
+        def fetched(need):
+            out = fetch(need)
+            shipped.extend(out.values())
+            return out
+        return real(metas, fetched, cache)
+    real = cp.stitch
+    monkeypatch.setattr(cp, "stitch", stitch)
+
+    dask = pipeline.check(run_dir, use_cache=False, scheduler=client)
+    lc, dc = (link.ensure(r.run, "critical_path") for r in (local, dask))
+    assert dc.height > 0 and dc.sort("step").equals(lc.sort("step"))
+    frames = _frames(shipped)
+    assert frames and not any({"launch_end", "seg_ts", "cover"} & set(f.columns) for f in frames)
+    # bounded by the ranks' steps and collectives: a row per step and collective kernel in the metas, a segment per
+    # step and per collective kernel another rank waited for (every segment a tuple of a few integers)
+    rows = sum(f.height for f in frames)
+    segments = sum(len(x) for x in shipped if isinstance(x, dict))
+    steps, colls = (local.run.table(t).height for t in ("steps", "collectives"))
+    assert rows <= steps + colls
+    assert segments <= dc.height + 2 * colls  # a collective kernel or a host-side wait's late rank per collective
+    # the first round holds what the walks enter the ranks at: at most one further round per step
+    assert len(shipped) - 2 <= dc.height
+    assert rows + segments < local.run.table("kernels").height / 4
+
+
 def _synthetic(src: Path, dst: Path, n: int) -> Path:
     """n ranks from a real two-rank capture: rank r is a copy of the capture's rank r % 2 with its rank rewritten
     (the way benchmarks/scale.py builds its runs)."""

@@ -12,8 +12,9 @@ all tables to this process. With a Dask scheduler the work is split the way the 
    cross-rank stage reads, and nothing else;
 4. the driver builds one run from those tables and runs the cross-rank rules (matching, clock alignment, straggler,
    desync, divergence) on them. Two kinds of work read per-rank rows and a cross-rank fact together, and run on the
-   workers, not the driver: the critical path (ON_WORKER: one cluster task walks it from every rank's path_kernels
-   and host_cover, kept where the rank tasks built them, and the driver's clock offsets and matched collectives) and
+   workers, not the driver: the critical path (ON_WORKER: each rank group's part of the walk runs where its
+   path_kernels and host_cover were kept, on its ranks' rows of the driver's clock offsets and matched collectives;
+   the driver stitches the parts' segments from per-step and per-collective rows: link.critical_path) and
    the late rules (TQL105: a second task per rank group runs them on the group's kept tables and its ranks' rows of
    collective_instances). Rules' `needs` of a table that stayed on the workers are answered from row counts
    (Run.held).
@@ -135,9 +136,10 @@ def is_per_rank(rule: Rule) -> bool:
     return all(_rank_scoped(t, views) for t in reach(rule))
 
 
-# Run-scoped tables that read rank-scoped tables of per-kernel or per-host-segment rows, too big for the driver: a
-# cluster task builds each from those tables, which stay on the workers where the rank tasks built them (plan.stay),
-# and from the driver's small tables it reads; only the table comes back. {table: the rank-scoped reads that stay}
+# Run-scoped tables that read rank-scoped tables of per-kernel or per-host-segment rows, too big for the driver: those
+# tables stay on the workers where the rank tasks built them (plan.stay), tasks there work on each rank group's own
+# rows and its share of the driver's small tables, and only small rows come back (_BUILD_ON_WORKERS: the critical
+# path's parts and segments, per step and per collective). {table: the rank-scoped reads that stay}
 ON_WORKER = {"critical_path": ("path_kernels", "host_cover")}
 # the per-rank tables of a run: what a rank task never returns to the driver (tests/test_executor.py)
 BIG = ("kernels", "host_ops", "runtime", "syncs", "flows")
@@ -316,18 +318,26 @@ def rank_task(run_path: str, sources: list[Source], assumed: list[int], lost: li
     return RankOutput(results, tables, list(run.notes), counts, kept, run.ranks)
 
 
-def remote_task(name: str, kept: list[dict[str, pl.DataFrame]], small: dict[str, pl.DataFrame]
-                ) -> tuple[pl.DataFrame, list[str]]:
-    """An ON_WORKER table built on a worker from the rank tasks' kept tables (in the driver's source order) and the
-    driver's small run-scoped and canonical tables it reads; only the table and its notes go back."""
-    tables = dict(small)
-    for x in ON_WORKER[name]:
-        fs = [k[x] for k in kept if x in k and k[x].height]
-        tables[x] = pl.concat(fs, how="vertical_relaxed") if fs else empty(x)
-    run = Run(path=Path("."), tables=tables)
-    df = link.ensure(run, name)
-    return df, list(run.notes)
+def cp_part_task(kept: dict[str, pl.DataFrame], small: dict[str, pl.DataFrame | None], coll: bool):
+    """The critical path's part of one rank group (link.critical_path._Part), built from its kept path_kernels and
+    host_cover and its ranks' rows of the driver's small tables; it stays on the worker for the segment tasks."""
+    from traceql.link.critical_path import _Part
 
+    return _Part(kept.get("path_kernels", empty("path_kernels")), kept.get("host_cover", empty("host_cover")),
+                 small["steps"], small.get("offsets"), small.get("matches"), small.get("ci"), coll)
+
+
+def cp_meta(part) -> tuple[tuple, int]:
+    """What the driver reads of a part: per step its last kernel, per collective its kernel row; its kernel count."""
+    return part.meta(), part.n_kernels
+
+
+def cp_with_jumps(part, jumps: pl.DataFrame):
+    return part.with_jumps(jumps)
+
+
+def cp_segments(part, entries: list[tuple]) -> dict[tuple, tuple]:
+    return part.segments(entries)
 
 
 # ---------------------------------------------------------------- the driver
@@ -477,8 +487,8 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
         for name, n in o.counts.items():
             run.held[name] = run.held.get(name, 0) + n
     for name in sorted(p.remote):
-        _build_on_worker(client, run, name, [client.submit(kept_of, f, list(ON_WORKER[name]), pure=False)
-                                             for _, f in kept])
+        _BUILD_ON_WORKERS[name](client, run, [client.submit(kept_of, f, list(ON_WORKER[name]), pure=False)
+                                              for _, f in kept], [o.ranks for o in outputs])
     late = []
     if p.late:
         given = {t: link.ensure(run, t) for t in sorted(p.given)}
@@ -505,10 +515,59 @@ def check_distributed(client, run_path: Path, sources: list[Source], rules: list
     return run, results
 
 
-def _build_on_worker(client, run: Run, name: str, kept: list) -> None:
-    """run.tables[name] (an ON_WORKER table) built by one cluster task from the rank tasks' kept tables and the
-    driver's small tables it reads (built here first: clock offsets, matched collectives)."""
-    small = {x: link.ensure(run, x) for x in DERIVED[name].reads if x not in ON_WORKER[name]}
-    df, notes = client.submit(remote_task, name, kept, small, pure=False).result()
-    run.tables[name] = df
-    run.notes.extend(n for n in notes if n not in run.notes)
+def _critical_path_on_workers(client, run: Run, kept: list, ranks: list[list[int]]) -> None:
+    """run.tables["critical_path"], walked where the ranks were read (link.critical_path: segments and stitch): a task
+    per rank group builds its part from its kept tables and its ranks' rows of the driver's small tables, and hands
+    back per-step and per-collective rows; the driver decides the jumps between ranks (jumps_frame), asks each part
+    for the segments the walks enter it at, and stitches them; any other segment a walk needs is asked for in a
+    further round. No kernel or host row leaves a worker."""
+    from traceql.link import critical_path as cp
+
+    coll = run.has("collectives")
+    ci = link.ensure(run, "collective_instances") if coll else None
+    small = {"steps": run.table("steps").filter(pl.col("rank").is_not_null())}
+    if coll:
+        small.update(offsets=link.ensure(run, "clock_offsets"), ci=cp.host_waits(ci),
+                     matches=link.ensure(run, "collective_matches").select("rank", "source", "match_id", "kernel_ts"))
+    split = {n: df.partition_by("rank", as_dict=True) for n, df in small.items()}
+
+    def mine(n: str, held: list[int]) -> pl.DataFrame:
+        return pl.concat([split[n][(r,)] for r in held if (r,) in split[n]] or [small[n].clear()])
+
+    parts = [client.submit(cp_part_task, k, {n: mine(n, held) for n in small}, coll, pure=False)
+             for k, held in zip(kept, ranks)]
+    got = client.gather([client.submit(cp_meta, f, pure=False) for f in parts])
+    metas = [m for m, _ in got]
+    if not any(n for _, n in got):
+        if run.has("steps") and cp.NO_GPU_NOTE not in run.notes:
+            run.notes.append(cp.NO_GPU_NOTE)
+        run.tables["critical_path"] = pl.DataFrame(schema=cp.CP_SCHEMA)
+        return
+    jf = cp.jumps_frame(metas, ci)
+    by_part = jf.partition_by("_part", as_dict=True)
+    parts = [client.submit(cp_with_jumps, f, by_part.get((i,), jf.clear()), pure=False) for i, f in enumerate(parts)]
+
+    def fetch(need: dict[int, list]) -> dict[int, dict]:
+        futs = {i: client.submit(cp_segments, parts[i], es, pure=False) for i, es in need.items()}
+        return dict(zip(futs, client.gather(list(futs.values()))))
+
+    # the first round: where the walks begin (each step's last kernel) and where they jump to (the last arrivers'
+    # collective kernels, for the step of the kernel that waited; the late ranks of host-side collectives at the end
+    # of the waits for them, for the step of the wait)
+    first: dict[int, list] = {}
+    for s, (i, row, *_) in cp.last_kernels(metas).items():
+        first.setdefault(i, []).append(("last", row, s))
+    for lp, lr, s in jf.filter(pl.col("step").is_not_null()).select("_lpart", "_lrow", "step").unique().iter_rows():
+        first.setdefault(lp, []).append(("after", lr, s))
+    part_of = {r: i for i, (_, _, held) in enumerate(metas) for r in held}
+    if coll:
+        for x, w_end, s in small["ci"].filter(pl.col("step").is_not_null()).select(
+                "last_arriver", "wait_end", "step").unique().iter_rows():
+            if x in part_of:
+                first.setdefault(part_of[x], []).append(("host", (int(x), w_end), s))
+    cache = {(i, e): v for i, segs in fetch(first).items() for e, v in segs.items()}
+    run.tables["critical_path"] = cp.stitch(metas, fetch, cache)
+
+
+# how each ON_WORKER table is built where its rank-scoped reads stayed
+_BUILD_ON_WORKERS = {"critical_path": _critical_path_on_workers}

@@ -29,7 +29,12 @@ host-side collectives.
 
 The walk's inputs are per rank and on the rank's own clock (path_kernels: the kernels with their launch calls;
 host_cover: what the host did, as unions of intervals), so a rank task builds them where the rank was read; the
-clock offsets, a shift per rank, are applied here (traceql.executor walks the path on a worker, not the driver).
+clock offsets, a shift per rank, are applied where the path is walked. The walk goes on on another rank only at a
+collective kernel that waited for a later rank and at a host-side collective wait, so it is split there: a rank's
+part (_Part) walks the segments between those points from its own rows, and the cross-rank stage (stitch) chains
+the segments across ranks from per-step and per-collective rows (jumps_frame, from collective_instances and the
+parts' collective kernels). On Dask (traceql.executor) each rank group's part runs where its rows were read and no
+kernel or host row leaves it; the local path walks the whole run as one part.
 
 Ranks without GPU activity (gloo on CPU) have no kernels: their steps have no critical path here (run.notes says
 so); their waits are in collective_instances.
@@ -115,39 +120,6 @@ def host_cover(run: Run) -> pl.DataFrame:
     return pl.concat([p.select([pl.col(c).cast(t) for c, t in HOST_COVER_SCHEMA.items()]) for p in parts])
 
 
-def _kernels_aligned(run: Run) -> pl.DataFrame:
-    from traceql.link import clock, ensure
-
-    k = ensure(run, "path_kernels")
-    if k.height and run.has("collectives"):
-        k = clock.align(k, ensure(run, "clock_offsets"), ["ts", "end", "launch_ts", "launch_end"])
-    return k
-
-
-def _collective_waits(run: Run, k: pl.DataFrame) -> dict[int, tuple[int, int]]:
-    """kernel row -> (arrival of the last arriver, row of the last arriver's collective kernel), where another rank
-    arrived after this collective kernel started."""
-    from traceql.link import ensure
-
-    if not run.has("collectives"):
-        return {}
-    m = ensure(run, "collective_matches").filter(pl.col("kernel_ts").is_not_null())
-    ci = ensure(run, "collective_instances").select("rank", "match_id", "arrival", "last_arriver", "n_ranks")
-    if m.height == 0:
-        return {}
-    ki = k.with_row_index("_row").select("_row", "rank", "source", "kind", pl.col("ts").alias("_ats"))
-    # collective kernel start on the raw clock (collectives.kernel_ts) -> aligned kernel row
-    raw = ensure(run, "path_kernels").select("rank", "source", "kind", "ts").with_row_index("_row") \
-        .filter(pl.col("kind") == "comm").select("_row", "rank", "source", pl.col("ts").alias("kernel_ts"))
-    mk = m.select("rank", "source", "match_id", "kernel_ts").join(raw, on=["rank", "source", "kernel_ts"], how="inner") \
-        .unique(["rank", "match_id"], keep="first").join(ci, on=["rank", "match_id"], how="inner").filter(pl.col("n_ranks") >= 2)
-    last = mk.filter(pl.col("rank") == pl.col("last_arriver")).select("match_id", pl.col("_row").alias("_lrow"),
-                                                                       pl.col("arrival").alias("_larr"))
-    j = mk.join(last, on="match_id", how="inner").join(ki.select("_row", "_ats"), on="_row", how="inner").filter(
-        (pl.col("rank") != pl.col("last_arriver")) & (pl.col("_larr") > pl.col("_ats")))
-    return {r: (a, lr) for r, a, lr in j.select("_row", "_larr", "_lrow").iter_rows()}
-
-
 _NO_TIME = -(1 << 63)
 
 
@@ -210,23 +182,25 @@ def _below_steps(run: Run) -> pl.DataFrame:
     return h.join(spans, on=["rank", "source", "id"], how="anti")
 
 
+def host_waits(ci: pl.DataFrame) -> pl.DataFrame:
+    """collective_instances' rows where a rank waited in a host-side collective (gloo) for a later rank."""
+    return ci.filter(
+        pl.col("host_only").fill_null(False) & (pl.col("n_ranks") >= 2) & (pl.col("rank") != pl.col("last_arriver"))
+        & pl.col("wait_end").is_not_null() & (pl.col("wait_end") > pl.col("arrival")))
+
+
 class _HostView:
     """What each rank's host did, on the aligned clock, for the walk's host gaps: DataLoader fetches, blocking sync
     calls, and its waits in host-side collectives (gloo: the call blocks the host) for a later rank;
     and each rank's kernels by end time, to go on from a rank the path jumps to."""
 
-    def __init__(self, run: Run, k: pl.DataFrame):
-        from traceql.link import clock, ensure
-
-        cov = ensure(run, "host_cover")
-        if run.has("collectives") and cov.height:
-            cov = clock.align(cov, ensure(run, "clock_offsets"), ["seg_ts", "seg_end"])
+    def __init__(self, cov: pl.DataFrame, ci: pl.DataFrame | None, k: pl.DataFrame):
+        """cov: the ranks' host_cover on the aligned clock; ci: their rows of collective_instances (None: the run has
+        no collectives); k: their kernels, aligned."""
         self.cover = {c: self._cover(cov, c) for c in ("loader", "sync", "ops", "host_comm")}
         self.waits: dict[int, tuple[list[int], list[tuple[int, int]]]] = {}
-        if run.has("collectives"):
-            ci = ensure(run, "collective_instances").filter(
-                pl.col("host_only").fill_null(False) & (pl.col("n_ranks") >= 2) & (pl.col("rank") != pl.col("last_arriver"))
-                & pl.col("wait_end").is_not_null() & (pl.col("wait_end") > pl.col("arrival")))
+        if ci is not None:
+            ci = host_waits(ci)
             for (r,), g in ci.sort("wait_end").partition_by("rank", as_dict=True, maintain_order=True).items():
                 self.waits[int(r)] = (g["wait_end"].to_list(), list(zip(g["arrival"].to_list(), g["last_arriver"].to_list())))
         kk = k.select("rank", "end").with_row_index("_row").sort("end")
@@ -379,154 +353,332 @@ def _interior_runs(k: pl.DataFrame, prev: pl.Series, waits: dict, host: _HostVie
     return out
 
 
-def critical_path(run: Run) -> pl.DataFrame:
-    k = _kernels_aligned(run)
-    if k.height == 0:
-        if run.has("steps"):
-            _note(run, "critical_path: no GPU activity in the run (host-only backends such as gloo on CPU); not computed")
-        return pl.DataFrame(schema=CP_SCHEMA)
-    from traceql.link import clock, ensure
+# The walk split where it goes on on another rank. A rank's part of the walk (_Part.segments) reads only its own rows,
+# its waits in host-side collectives and the rows of jumps_frame for its collective kernels; the cross-rank stage
+# (stitch) reads only per-step and per-collective rows (_Part.meta) and the segments: so a rank task walks its
+# segments where its kernels were read, and no kernel row ever leaves it (traceql.executor).
+#
+# A segment starts at an entry and walks the rank's kernels, exactly as the walk above does, up to the point where the
+# walk goes on on another rank, or to its end:
+# - entries: ("last", row, s): the step's last kernel, visited; ("after", row, s): a collective kernel the walk
+#   arrived at from a rank that waited for it (the walk goes on with the gap before it); ("host", (rank, t), s): the
+#   path arrives on the rank at time t, the end of another rank's wait for it in a host-side collective.
+# - exits: ("d1", row, ts, end, jump): a collective kernel that waited for a later rank (jump: its jumps_frame row:
+#   the last arriver's arrival, its collective kernel (part, row), its rank); ("hj", rank, t): the host waited in a
+#   host-side collective for a later rank (the rank's own rows of collective_instances: host_waits); ("stop", t):
+#   the step's start, where the walk ends.
+# Sums of a segment: _SEG_SUMS (nanoseconds and visit counts, integers: adding them in any order is exact).
+_SEG_SUMS = ("comp", "comm", "idle", "n", "launch", "sync", "input", "hcomm", "other")
 
-    steps = run.table("steps").filter(pl.col("ts").is_not_null())
-    if run.has("collectives") and steps.height:
-        steps = clock.align(steps.with_columns(pl.col("rank").cast(pl.Int32)), ensure(run, "clock_offsets"), ["ts", "end"])
-    step_start = {(r, s): t for r, s, t in steps.group_by("rank", "step").agg(pl.col("ts").min()).iter_rows()}
-    waits = _collective_waits(run, k)
 
-    # The walk reads a few rows of millions at random: index the columns' own memory (no Python list per column).
-    # Missing values become sentinels the comparisons below treat as missing: no predecessor is -1, no launch
-    # end is the smallest int64 (never later than anything).
-    pv = _prev_on_device(k)
-    prev = _int_view(pv.fill_null(-1))
-    rank = _int_view(k["rank"])
-    ts = _int_view(k["ts"])
-    end = _int_view(k["end"])
-    is_comm = _int_view((k["kind"] == "comm").fill_null(False))
-    lend = _int_view(k["launch_end"].fill_null(_NO_TIME))
-    name = k["name"]
+class _Part:
+    """Some ranks' walk inputs on the aligned clock (one rank task's, or a whole run's) and their segments.
 
-    # the last kernel of each step over all ranks (the first such row where several end together)
-    last = (
-        k.select("step", "end").with_row_index("_row").filter(pl.col("step").is_not_null())
-        .group_by("step").agg(pl.col("_row").get(pl.col("end").arg_max()))
-    )
-    host = _HostView(run, k)
-    runs = _interior_runs(k, pv, waits, host, step_start) if k.height >= _RUNS_FROM else None
-    ff, tq = (runs["ff"], runs["T"]) if runs is not None else (None, None)
-    rows = []
-    gaps: list[tuple[int, int, int, int]] = []  # (step, rank, a, b): host-caused gaps, charged after the walk
-    for s, i in last.sort("step").iter_rows():
-        comp = comm = idle = 0
-        t = end[i]
-        t_end = end[i]
-        on_path = {rank[i]}
-        n_path = jumps = host_jumps = 0
-        cur = i
-        start_rank = rank[i]
-        guard = 0
-        hsum = [0, 0, 0, 0, 0]
-        while cur is not None and guard < _GUARD:
-            if ff is not None and ff[cur] and tq[cur] > s and guard + runs["_n"][cur] <= _GUARD:
-                # a run of plain visits (_interior_runs): its sums, then the kernel it hands on to
-                c = cur
-                guard += runs["_n"][c]
-                n_path += runs["_n"][c]
-                comp += runs["_comp"][c]
-                comm += runs["_comm"][c]
-                idle += runs["_idle"][c]
-                for j, name_ in enumerate(("launch", "sync", "input", "comm", "other")):
-                    hsum[j] += runs[name_][c]
-                cur = runs["exit"][c]
-                t = end[cur]
+    pk, cov: path_kernels and host_cover rows (the rank's own clock); steps: the ranks' steps; offsets: clock_offsets;
+    matches: the ranks' rows of collective_matches; ci: the ranks' rows of collective_instances (only host_waits
+    are read); coll: whether the run has collectives (without them nothing is aligned and nothing waits)."""
+
+    def __init__(self, pk: pl.DataFrame, cov: pl.DataFrame, steps: pl.DataFrame, offsets: pl.DataFrame | None,
+                 matches: pl.DataFrame | None, ci: pl.DataFrame | None, coll: bool):
+        from traceql.link import clock
+
+        self._args = (pk, cov, steps, offsets, matches, ci, coll)
+        k = pk
+        if k.height and coll:
+            k = clock.align(k, offsets, ["ts", "end", "launch_ts", "launch_end"])
+        st = steps.filter(pl.col("ts").is_not_null())
+        if coll and st.height:
+            st = clock.align(st.with_columns(pl.col("rank").cast(pl.Int32)), offsets, ["ts", "end"])
+        self.step_start = {(r, s): t for r, s, t in st.group_by("rank", "step").agg(pl.col("ts").min()).iter_rows()}
+        if coll and cov.height:
+            cov = clock.align(cov, offsets, ["seg_ts", "seg_end"])
+        self.host = _HostView(cov, ci if coll else None, k)
+        self.ranks = sorted({int(r) for r in k["rank"].unique().to_list()} | set(self.host.waits)
+                            | {int(r) for r, _ in self.step_start if r is not None})
+        # the collective kernels (as _collective_waits finds them): where the walk may jump to the last arriver
+        self.mk = pl.DataFrame(schema={"rank": pl.Int32, "match_id": pl.Int64, "_row": pl.Int64, "_ats": pl.Int64,
+                                       "step": pl.Int64})
+        if coll and matches is not None and matches.height and k.height:
+            m = matches.filter(pl.col("kernel_ts").is_not_null())
+            raw = pk.select("rank", "source", "kind", "ts").with_row_index("_row") \
+                .filter(pl.col("kind") == "comm").select("_row", "rank", "source", pl.col("ts").alias("kernel_ts"))
+            mk = m.select("rank", "source", "match_id", "kernel_ts").join(raw, on=["rank", "source", "kernel_ts"], how="inner") \
+                .unique(["rank", "match_id"], keep="first")
+            ats = k.select(pl.col("ts").alias("_ats"), "step").with_row_index("_row")
+            self.mk = mk.join(ats, on="_row", how="inner").select(
+                pl.col("rank").cast(pl.Int32), pl.col("match_id").cast(pl.Int64), pl.col("_row").cast(pl.Int64), "_ats",
+                pl.col("step").cast(pl.Int64))
+        self.exits = set(self.mk["_row"].to_list())
+        self.jumps: dict[int, tuple] = {}  # set_jumps: the collective kernels here that waited for a later rank
+        self._jumps: pl.DataFrame | None = None
+        self.n_kernels = k.height
+        pv = _prev_on_device(k)
+        self.prev = _int_view(pv.fill_null(-1))
+        self.rank = _int_view(k["rank"])
+        self.ts = _int_view(k["ts"])
+        self.end = _int_view(k["end"])
+        self.is_comm = _int_view((k["kind"] == "comm").fill_null(False))
+        self.lend = _int_view(k["launch_end"].fill_null(_NO_TIME))
+        self.runs = _interior_runs(k, pv, self.exits, self.host, self.step_start) if k.height >= _RUNS_FROM else None
+        # per step, the part's last kernel (the first such row where several end together), as critical_path picks it
+        at = pl.col("end").arg_max()
+        self.lasts = k.select("step", "end", "rank", "name").with_row_index("_row").filter(pl.col("step").is_not_null()) \
+            .group_by("step").agg(pl.col("_row").get(at).cast(pl.Int64), pl.col("end").get(at), pl.col("rank").get(at),
+                                  pl.col("name").get(at))
+
+    def __reduce__(self):  # memoryviews do not pickle: a part moved between Dask workers is rebuilt from its tables
+        return (_rebuilt, (self._args, self._jumps))
+
+    def with_jumps(self, j: pl.DataFrame) -> _Part:
+        """This part with its rows of jumps_frame set (a new object: a Dask task never changes its input)."""
+        new = object.__new__(_Part)
+        new.__dict__.update(self.__dict__)
+        new.set_jumps(j)
+        return new
+
+    def meta(self) -> tuple[pl.DataFrame, pl.DataFrame, list[int]]:
+        """What the cross-rank stage reads of this part: per step its last kernel, per collective its kernel row."""
+        return self.lasts, self.mk, self.ranks
+
+    def set_jumps(self, j: pl.DataFrame) -> None:
+        """This part's rows of jumps_frame: where the walk leaves a collective kernel for its last arriver's."""
+        self._jumps = j
+        self.jumps = {r: (a, (lp, lr), x) for r, a, lp, lr, x in
+                      j.select("_row", "_larr", "_lpart", "_lrow", "last_arriver").iter_rows()}
+
+    def segments(self, entries) -> dict[tuple, tuple]:
+        """entry -> (sums as _SEG_SUMS, exit), for every entry asked; the host gaps of all of them charged at once."""
+        out, gaps = {}, []
+        for e in entries:
+            if e in out:
                 continue
-            guard += 1
-            n_path += 1
-            w = waits.get(cur)
-            if w is not None and w[0] < t:
-                # a collective kernel that waited for a later rank: the time after that rank's arrival is
-                # exposed communication; the path goes on from the last arriver's collective kernel
-                arr, lrow = w
-                comm += t - max(arr, ts[cur])
-                jumps += 1
-                on_path.add(rank[lrow])
-                cur = lrow
-                t = ts[cur]
-            else:
+            sums, ex, g = self._segment(*e)
+            gaps.extend((len(out), r, a, b) for r, a, b in g)
+            out[e] = (sums, ex)
+        if gaps:
+            g = pl.DataFrame(gaps, schema={"_k": pl.Int64, "rank": pl.Int64, "a": pl.Int64, "b": pl.Int64}, orient="row")
+            per = self.host.charge(g).group_by("_k").agg(pl.col("launch", "sync", "input", "comm", "other").sum())
+            keys = list(out)
+            for kk, *hp in per.select("_k", "launch", "sync", "input", "comm", "other").iter_rows():
+                sums, ex = out[keys[kk]]
+                out[keys[kk]] = (sums[:4] + tuple(a + b for a, b in zip(sums[4:], hp)), ex)
+        return out
+
+    def _segment(self, kind: str, key, s: int) -> tuple[tuple, tuple, list]:
+        end, ts, rank, prev, lend, host = self.end, self.ts, self.rank, self.prev, self.lend, self.host
+        step_start, exits, runs = self.step_start, self.exits, self.runs
+        ff, tq = (runs["ff"], runs["T"]) if runs is not None else (None, None)
+        comp = comm = idle = n = 0
+        hsum = [0, 0, 0, 0, 0]
+        gaps: list[tuple[int, int, int]] = []
+
+        def done(ex):
+            return (comp, comm, idle, n, *hsum), ex, gaps
+
+        mode = {"last": "visit", "after": "pred", "host": "host"}[kind]
+        cur = key if kind != "host" else None
+        while True:
+            if mode == "visit":
+                if ff is not None and ff[cur] and tq[cur] > s:
+                    # a run of plain visits (_interior_runs): its sums, then the kernel it hands on to
+                    n += runs["_n"][cur]
+                    comp += runs["_comp"][cur]
+                    comm += runs["_comm"][cur]
+                    idle += runs["_idle"][cur]
+                    for j, name_ in enumerate(("launch", "sync", "input", "comm", "other")):
+                        hsum[j] += runs[name_][cur]
+                    cur = runs["exit"][cur]
+                    continue
                 w0 = step_start.get((rank[cur], s))
                 # a kernel that began before the step on its rank counts from the step's start: the path ends there
-                dur = max(0, min(t, end[cur]) - max(ts[cur], w0 if w0 is not None else ts[cur]))
-                if is_comm[cur]:
+                dur = max(0, end[cur] - max(ts[cur], w0 if w0 is not None else ts[cur]))
+                if cur in exits:
+                    j = self.jumps.get(cur)
+                    if j is not None and j[0] < end[cur]:  # it waited for a later rank: the walk goes on there
+                        return done(("d1", cur, ts[cur], end[cur], j))
+                n += 1
+                if is_comm := self.is_comm[cur]:
                     comm += dur
-                else:
+                if not is_comm:
                     comp += dur
-            seg_start = ts[cur]
-            r = rank[cur]
-            w0 = step_start.get((r, s))
-            p = prev[cur]
-            if p < 0:
-                p = None
-            p_end = end[p] if p is not None else None
-            at_start = w0 is not None and (p_end is None or p_end <= w0)
-            if not at_start and p is None:
-                t = seg_start
-                break
-            a = w0 if at_start else p_end
-            if lend[cur] <= a:  # the kernel was queued before the device went idle: not the host's doing
-                idle += max(0, seg_start - a)
-                t = a
-                if at_start:
-                    break
-                cur = p
-                continue
-            # the GPU waited for the host to launch the kernel. Where the host was then waiting for a later rank
-            # in a host-side collective (gloo), the path goes on from that rank at its arrival: its late launch,
-            # data wait or sync is on the path of every rank that waited for it.
-            hw = host.wait(r, a, seg_start)
-            while hw is not None and guard < _GUARD:
-                guard += 1
-                w_end, x = hw
-                if seg_start > max(a, w_end):
-                    gaps.append((s, r, max(a, w_end), seg_start))
-                jumps += 1
-                host_jumps += 1
-                on_path.add(x)
-                r, seg_start = x, w_end
-                w0 = step_start.get((x, s))
-                p = host.last_kernel_before(x, w_end)
+                mode = "pred"
+            if mode == "pred":
+                seg_start = ts[cur]
+                r = rank[cur]
+                w0 = step_start.get((r, s))
+                p = prev[cur]
+                if p < 0:
+                    p = None
+                p_end = end[p] if p is not None else None
+                at_start = w0 is not None and (p_end is None or p_end <= w0)
+                if not at_start and p is None:
+                    return done(("stop", seg_start))
+                a = w0 if at_start else p_end
+                if lend[cur] <= a:  # the kernel was queued before the device went idle: not the host's doing
+                    idle += max(0, seg_start - a)
+                    if at_start:
+                        return done(("stop", a))
+                    cur = p
+                    mode = "visit"
+                    continue
+            else:  # the path arrives on rank x at the end of another rank's wait for it
+                r, seg_start = key
+                w0 = step_start.get((r, s))
+                p = host.last_kernel_before(r, seg_start)
                 at_start = w0 is not None and (p is None or end[p] <= w0)
                 if not at_start and p is None:
-                    break
+                    return done(("stop", seg_start))
                 a = w0 if at_start else end[p]
-                hw = host.wait(r, a, seg_start)
-            if not at_start and p is None:
-                t = seg_start
-                break
+            # the GPU waited for the host to launch the kernel. Where the host was then waiting for a later rank
+            # in a host-side collective (gloo), the path goes on from that rank at its arrival
+            hw = host.wait(r, a, seg_start)
+            if hw is not None:
+                w_end, x = hw
+                if seg_start > max(a, w_end):
+                    gaps.append((r, max(a, w_end), seg_start))
+                return done(("hj", x, w_end))
             if seg_start > a:
-                gaps.append((s, r, a, seg_start))
-            t = a
+                gaps.append((r, a, seg_start))
             if at_start:
-                break
+                return done(("stop", a))
             cur = p
-        total = t_end - t
+            mode = "visit"
+
+
+def _rebuilt(args: tuple, jumps: pl.DataFrame | None) -> _Part:
+    part = _Part(*args)
+    if jumps is not None:
+        part.set_jumps(jumps)
+    return part
+
+
+def jumps_frame(metas: list[tuple], ci: pl.DataFrame | None) -> pl.DataFrame:
+    """Per collective kernel row (_part, _row) where another rank arrived after it started (_collective_waits, over
+    the parts' metas): the arrival of the last arriver (_larr), its collective kernel (_lpart, _lrow) and rank
+    (last_arriver), and the step of the kernel that waited (step: the walk most likely to jump there)."""
+    schema = {"_part": pl.Int64, "_row": pl.Int64, "_larr": pl.Int64, "_lpart": pl.Int64, "_lrow": pl.Int64,
+              "last_arriver": pl.Int64, "step": pl.Int64}
+    mks = [mk.with_columns(pl.lit(i, dtype=pl.Int64).alias("_part")) for i, (_, mk, _) in enumerate(metas) if mk.height]
+    if ci is None or not mks:
+        return pl.DataFrame(schema=schema)
+    ci = ci.select(pl.col("rank").cast(pl.Int32), pl.col("match_id").cast(pl.Int64), "arrival", "last_arriver", "n_ranks")
+    mk = pl.concat(mks).join(ci, on=["rank", "match_id"], how="inner").filter(pl.col("n_ranks") >= 2)
+    last = mk.filter(pl.col("rank") == pl.col("last_arriver")).select(
+        "match_id", pl.col("_part").alias("_lpart"), pl.col("_row").alias("_lrow"), pl.col("arrival").alias("_larr"))
+    j = mk.join(last, on="match_id", how="inner").filter(
+        (pl.col("rank") != pl.col("last_arriver")) & (pl.col("_larr") > pl.col("_ats")))
+    # one kernel row of two collectives that both waited: the last of them, as a dict built from these rows keeps
+    return j.select([pl.col(c).cast(t) for c, t in schema.items()]).unique(["_part", "_row"], keep="last",
+                                                                            maintain_order=True)
+
+
+def last_kernels(metas: list[tuple]) -> dict[int, tuple]:
+    """step -> (part, row, end, rank, name) of the step's last kernel over all ranks: the latest end, the first row
+    (parts in the run's row order) where several end together."""
+    best: dict[int, tuple] = {}
+    for i, (lasts, _, _) in enumerate(metas):
+        for s, row, e, r, name in lasts.select("step", "_row", "end", "rank", "name").iter_rows():
+            if s not in best or e > best[s][2]:
+                best[s] = (i, row, e, r, name)
+    return best
+
+
+def stitch(metas: list[tuple], fetch, cache: dict | None = None) -> pl.DataFrame:
+    """critical_path from the parts' metas (_Part.meta, in the run's row order; their jumps set): every step's walk
+    goes from segment to segment, across ranks at the collectives' last arrivers and the host-side waits.
+    fetch({part: [entry, ...]}) -> {part: {entry: segment}} walks the segments the walks still lack, in rounds (on
+    Dask, one task per part and round); cache: {(part, entry): segment} walked already."""
+    cache = {} if cache is None else cache
+    part_of = {r: i for i, (_, _, ranks) in enumerate(metas) for r in ranks}
+    best = last_kernels(metas)
+    walks = []
+    for s in sorted(best):
+        i, row, e, r, name = best[s]
+        walks.append({"s": s, "rank": r, "t_end": e, "name": name, "on": {r}, "sums": [0] * len(_SEG_SUMS),
+                      "jumps": 0, "host_jumps": 0, "at": (i, ("last", row, s)), "t": None, "guard": 0})
+    todo = walks
+    while todo:
+        need: dict[int, list] = {}
+        for w in todo:
+            while w["t"] is None:
+                seg = cache.get(w["at"])
+                if seg is None:
+                    need.setdefault(w["at"][0], []).append(w["at"][1])
+                    break
+                _advance(w, seg, part_of)
+        todo = [w for w in todo if w["t"] is None]
+        if need:
+            for i, segs in fetch(need).items():
+                cache.update({(i, e): v for e, v in segs.items()})
+    rows = []
+    for w in walks:
+        comp, comm, idle, n, launch, sync, inp, hcomm, other = w["sums"]
+        total = w["t_end"] - w["t"]
+        host_launch = launch + sync + inp + hcomm + other
         rows.append({
-            "step": s, "rank": start_rank, "ranks_on_path": sorted(on_path), "step_ms": total / 1e6,
-            "compute_ms": comp / 1e6, "exposed_comm_ms": comm / 1e6, "idle_ms": idle / 1e6,
-            "exposed_comm_pct": 100.0 * comm / total if total > 0 else None,
-            "path_kernels": n_path, "rank_jumps": jumps, "host_jumps": host_jumps, "last_kernel": name[i],
-            "_total": total, "_h": hsum,
-        })
-    zero = {"launch": 0, "sync": 0, "input": 0, "comm": 0, "other": 0}
-    charged = host.classify(gaps)  # host-caused gap time per step, by what the host did
-    for row in rows:
-        hp = charged.get(row["step"], zero)
-        hp = {c: hp[c] + v for c, v in zip(zero, row.pop("_h"))}
-        launch, total = sum(hp[c] for c in zero), row.pop("_total")
-        row.update({"host_launch_ms": launch / 1e6, "host_sync_ms": hp["sync"] / 1e6, "input_wait_ms": hp["input"] / 1e6,
-                    "host_comm_ms": hp["comm"] / 1e6, "host_other_ms": hp["other"] / 1e6,
-                    "host_launch_pct": 100.0 * launch / total if total > 0 else None})
+            "step": w["s"], "rank": w["rank"], "ranks_on_path": sorted(w["on"]), "step_ms": total / 1e6,
+            "compute_ms": comp / 1e6, "exposed_comm_ms": comm / 1e6, "host_launch_ms": host_launch / 1e6,
+            "idle_ms": idle / 1e6, "host_sync_ms": sync / 1e6, "input_wait_ms": inp / 1e6, "host_comm_ms": hcomm / 1e6,
+            "host_other_ms": other / 1e6, "exposed_comm_pct": 100.0 * comm / total if total > 0 else None,
+            "host_launch_pct": 100.0 * host_launch / total if total > 0 else None, "path_kernels": n,
+            "rank_jumps": w["jumps"], "host_jumps": w["host_jumps"], "last_kernel": w["name"]})
     if not rows:
         return pl.DataFrame(schema=CP_SCHEMA)
     return pl.DataFrame(rows, schema=CP_SCHEMA)
+
+
+def _advance(w: dict, seg: tuple, part_of: dict) -> None:
+    """One segment added to a step's walk, and where the walk goes on (or its start, w["t"])."""
+    sums, ex = seg
+    w["sums"] = [a + b for a, b in zip(w["sums"], sums)]
+    w["guard"] += sums[3] + 1
+    if ex[0] == "stop":
+        w["t"] = ex[1]
+        return
+    if w["guard"] >= _GUARD:  # a walk that never ends (the walk's own guard): it stops where it is
+        w["t"] = ex[3] if ex[0] == "d1" else ex[2]
+        return
+    w["jumps"] += 1
+    part, s = w["at"][0], w["s"]
+    if ex[0] == "hj":
+        _, x, w_end = ex
+        w["host_jumps"] += 1
+        w["on"].add(x)
+        w["at"] = (part_of.get(x, part), ("host", (x, w_end), s))
+        return
+    # a collective kernel that waited for a later rank: the time after that rank's arrival is exposed
+    # communication; the path goes on from the last arriver's collective kernel
+    _, _, ts, end, (arr, (lp, lr), x) = ex
+    w["sums"][3] += 1
+    w["sums"][1] += end - max(arr, ts)
+    w["on"].add(x)
+    w["at"] = (lp, ("after", lr, s))
+
+
+def part_of_run(run: Run) -> _Part:
+    """The whole run as one part (the local path: every rank's rows are here)."""
+    from traceql.link import ensure
+
+    coll = run.has("collectives")
+    return _Part(ensure(run, "path_kernels"), ensure(run, "host_cover"), run.table("steps"),
+                 ensure(run, "clock_offsets") if coll else None, ensure(run, "collective_matches") if coll else None,
+                 ensure(run, "collective_instances") if coll else None, coll)
+
+
+def critical_path(run: Run) -> pl.DataFrame:
+    from traceql.link import ensure
+
+    if ensure(run, "path_kernels").height == 0:
+        if run.has("steps"):
+            _note(run, NO_GPU_NOTE)
+        return pl.DataFrame(schema=CP_SCHEMA)
+    part = part_of_run(run)
+    metas = [part.meta()]
+    part.set_jumps(jumps_frame(metas, ensure(run, "collective_instances") if run.has("collectives") else None))
+    return stitch(metas, lambda need: {0: part.segments(need[0])})
+
+
+NO_GPU_NOTE = "critical_path: no GPU activity in the run (host-only backends such as gloo on CPU); not computed"
 
 
 def exposed_comm(run: Run) -> pl.DataFrame:
