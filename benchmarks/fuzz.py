@@ -62,7 +62,10 @@ def _discover(kind: str) -> list[Path]:
     for root in (REPO / "fixtures", REPO / "samples"):
         for d in sorted(root.iterdir()):
             if d.is_dir():
-                out += [s.path for s in discover(d) if s.kind == kind and s.path.is_file()]
+                # a hand-made fixture's files damaged on purpose (its manifest's "damaged") are cases, not seeds
+                m = d / "manifest.json"
+                damaged = {d / f for f in json.loads(m.read_text()).get("damaged", [])} if m.is_file() else set()
+                out += [s.path for s in discover(d) if s.kind == kind and s.path.is_file() and s.path not in damaged]
     return sorted(set(out))
 
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
-from conftest import CORPUS, FIXTURES, SAMPLES
+from conftest import CORPUS, DAMAGED, FIXTURES, SAMPLES
 from traceql.discover import discover
 from traceql.ingest import kineto
 from traceql.model import Source
@@ -33,7 +33,7 @@ def _traces(root: Path) -> list[Path]:
     """The Kineto traces under root, as discovery finds them (by content)."""
     if not root.is_dir():
         return []
-    return sorted(Path(s.path) for s in discover(root) if s.kind == "kineto")
+    return sorted(Path(s.path) for s in discover(root) if s.kind == "kineto" and Path(s.path) not in DAMAGED)
 
 
 REAL = _traces(FIXTURES) + _traces(SAMPLES)
