@@ -577,3 +577,29 @@ def test_odd_values_in_kineto_layout_go_through_either_parser(tmp_path, corpus, 
     assert t["host_ops"].height == h.height
     _, slow = _read_whole(p, monkeypatch)
     _same_tables(t, slow)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from([None, "ac2g", "fwdbwd"]), st.one_of(st.none(), st.integers(0, 4)),
+                          st.integers(0, 3)), max_size=40))
+def test_flows_pair_the_first_start_and_end_of_each_kind_and_id(rows):
+    # starts and ends repeat (a trace written twice, a reused id) and ids may be missing: each (kind, id) keeps its
+    # first start and its first end in file order, as unique(keep="first", maintain_order=True) would
+    df = pl.DataFrame([{"start": s, "kind": k, "flow_id": i, "pid": p, "tid": p + 10, "ts": n}
+                       for n, (s, k, i, p) in enumerate(rows)],
+                      schema={"start": pl.Boolean, "kind": pl.Categorical, "flow_id": pl.Int64, "pid": pl.Int64,
+                              "tid": pl.Int64, "ts": pl.Int64})
+    got = kineto._flows(df)
+    first = {}
+    for n, (s, k, i, p) in enumerate(rows):
+        first.setdefault((s, k, i), (p, p + 10, n))
+    want = set()
+    for k, i in {(k, i) for s, k, i, _ in rows}:
+        a, b = first.get((True, k, i)), first.get((False, k, i))
+        if i is None or k is None:  # a null key never pairs: each side on its own row
+            want |= {(k, i, *a, None, None, None)} if a else set()
+            want |= {(k, i, None, None, None, *b)} if b else set()
+        elif a or b:
+            want.add((k, i, *(a or (None,) * 3), *(b or (None,) * 3)))
+    assert set(got.iter_rows()) == want
+    assert got.height == len(want)

@@ -57,7 +57,7 @@ def test_explain_shows_where_the_logic_is():
     src = (REPO / m.group(1)).read_text().splitlines()
     assert src[int(m.group(2)) - 1].startswith("def collective_instances(")
     r = CliRunner().invoke(main, ["rules", "explain", "TQL204"])
-    assert "view runtime_kernels: " in r.output and "view best_source: " in r.output
+    assert "view runtime_memops: " in r.output and "view best_source: " in r.output
 
 
 def test_explain_shows_a_fact_function(tmp_path):

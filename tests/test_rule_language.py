@@ -181,6 +181,21 @@ def test_runtime_kernels_view_is_the_correlation_join_within_rank_source_and_pid
     assert best["rank"].n_unique() == best.height == len(run.ranks)
 
 
+def test_runtime_memops_view_is_runtime_kernels_on_memory_activity_only():
+    # the copy and memset rules read runtime_memops: it must hold exactly runtime_kernels' memcpy and memset rows
+    # (same columns, same values), so that their findings are those runtime_kernels gave
+    views = views_of([default_rules_dir()])
+    run = load_run(FIXTURES / "h200-sync-memcpy-nsys")
+    full = frame(run, "runtime_kernels", views)
+    mem = frame(run, "runtime_memops", views)
+    assert set(full["gpu_kind"].unique()) - {"memcpy", "memset"}  # the fixture launches kernels too
+    want = full.filter(pl.col("gpu_kind").is_in(["memcpy", "memset"]))
+    assert mem.height == want.height > 0
+    assert mem.columns == full.columns
+    key = ["rank", "source", "correlation", "ts", "gpu_ts"]
+    assert mem.sort(key).equals(want.sort(key))
+
+
 def test_a_view_may_not_read_files_or_shadow_a_table(tmp_path):
     (tmp_path / "views").mkdir()
     (tmp_path / "views" / "leak.sql").write_text("-- reads a file\nSELECT * FROM read_csv('/etc/passwd')\n")

@@ -857,16 +857,11 @@ def _flows(df: pl.DataFrame | None) -> pl.DataFrame | None:
     """Flow starts (ph s) joined to their ends (ph f) by (kind, id)."""
     if df is None:
         return None
-    src = (
-        df.filter("start")
-        .unique(["kind", "flow_id"], keep="first", maintain_order=True)
-        .select("kind", "flow_id", src_pid="pid", src_tid="tid", src_ts="ts")
-    )
-    dst = (
-        df.filter(~pl.col("start"))
-        .unique(["kind", "flow_id"], keep="first", maintain_order=True)
-        .select("kind", "flow_id", dst_pid="pid", dst_tid="tid", dst_ts="ts")
-    )
+    # the first of each (kind, id), in file order: is_first_distinct keeps the rows unique(keep="first",
+    # maintain_order=True) keeps, at about a third of its CPU (0.35 -> 0.14 s on 850k flow starts)
+    first = pl.struct("kind", "flow_id").is_first_distinct()
+    src = df.filter("start").filter(first).select("kind", "flow_id", src_pid="pid", src_tid="tid", src_ts="ts")
+    dst = df.filter(~pl.col("start")).filter(first).select("kind", "flow_id", dst_pid="pid", dst_tid="tid", dst_ts="ts")
     out = src.join(dst, on=["kind", "flow_id"], how="full", coalesce=True, nulls_equal=False)
     return out.with_columns(pl.col("kind").cast(pl.String))
 

@@ -25,16 +25,19 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
     for table, depth in (("runtime", 1000), ("host_ops", None)):
         if table not in tables:
             continue
-        t = run.table(table)
-        cols = [c for c in ("rank", "source", "tid", "ts", "end", "id", "name", "parent", "depth") if c in t.columns]
-        # only the ranks (sources) the points are on, and only the columns read here
+        full = run.table(table)
+        # only the ranks (sources) the points are on, and only the columns read here; not the names: an op's name
+        # is fetched by its row (_row) for the ops picked, not copied for every op of the table (at 128 ranks,
+        # millions of strings for a few thousand points)
+        cols = [c for c in ("rank", "source", "tid", "ts", "end", "id", "parent", "depth") if c in full.columns]
         on = ["rank", *src]
-        lt = t.lazy().select(cols).with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32))
+        lt = full.lazy().with_row_index("_row").filter(
+            ~pl.col("name").str.starts_with("ProfilerStep#") & (pl.col("tid").is_null() | (pl.col("tid") >= 0)))
+        lt = lt.select(*cols, "_row").with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32))
         lt = lt.join(pts.select(on).unique(), on=on, how="semi", nulls_equal=True)
-        lt = lt.filter(~pl.col("name").str.starts_with("ProfilerStep#") & (pl.col("tid").is_null() | (pl.col("tid") >= 0)))
         if exclude is not None and table == "host_ops" and exclude.height:
             lt = lt.join(exclude.lazy().select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32),
-                                               pl.col("id").cast(t.schema["id"])), on=["rank", "source", "id"], how="anti")
+                                               pl.col("id").cast(full.schema["id"])), on=["rank", "source", "id"], how="anti")
         t = lt.collect(engine=POLARS_ENGINE)
         if t.height == 0:
             continue
@@ -48,13 +51,15 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
             right = right.join(pts.select(*key, pl.col("tid").cast(t.schema["tid"])).unique(), on=[*key, "tid"], how="semi", nulls_equal=True)
         j = gt.join_asof(right.sort("ts"), left_on="_mid", right_on="ts", by=[*key, "tid"], strategy="backward", check_sortedness=False)
         j = j.filter(pl.col("id").is_not_null()).select("_gid", *key, "tid", "_mid", "id").collect(engine=POLARS_ENGINE)
-        info = t.lazy().select(*key, "id", "ts", "end", "name", "parent" if "parent" in t.columns else pl.lit(None, pl.Int64).alias("parent"), "depth" if depth is None else pl.lit(depth, pl.Int32).alias("depth"))
+        info = t.lazy().select(*key, "id", "ts", "end", "_row", "parent" if "parent" in t.columns else pl.lit(None, pl.Int64).alias("parent"), "depth" if depth is None else pl.lit(depth, pl.Int32).alias("depth"))
         for _ in range(32 if depth is None else 1):
             # the rows of the ops looked up at this level only (a few), deduplicated as the whole table would be
             level = info.join(j.lazy().select(*key, "id").unique(), on=[*key, "id"], how="semi").unique([*key, "id"])
             jj = j.lazy().join(level, on=[*key, "id"], how="inner").collect(engine=POLARS_ENGINE)
             span = (pl.col("ts") <= pl.col("_mid")) & (pl.col("end") >= pl.col("_mid"))
-            picks.append(jj.lazy().filter(span).select("_gid", "name", pl.col("depth").cast(pl.Int32), "ts", pl.col("tid").cast(pl.Int64)))
+            hit = jj.filter(span)
+            picks.append(hit.select("_gid", name=full["name"].gather(hit["_row"]), depth=pl.col("depth").cast(pl.Int32),
+                                    ts="ts", tid=pl.col("tid").cast(pl.Int64)).lazy())
             j = jj.filter(~span & pl.col("parent").is_not_null()).select("_gid", *key, "tid", "_mid", pl.col("parent").alias("id"))
             if j.height == 0:
                 break
