@@ -35,7 +35,11 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
         lt = full.lazy().with_row_index("_row").filter(
             ~pl.col("name").str.starts_with("ProfilerStep#") & (pl.col("tid").is_null() | (pl.col("tid") >= 0)))
         lt = lt.select(*cols, "_row").with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32))
-        lt = lt.join(pts.select(on).unique(), on=on, how="semi", nulls_equal=True)
+        # on the points' own threads only (tids): ops, parents included (an op's parent is on its thread), of the
+        # other threads are never read, and sorting and indexing them was most of the cost for a few calls
+        own = [*on, "tid"] if tids else on
+        lt = lt.join(pts.select(*on, *([pl.col("tid").cast(full.schema["tid"])] if tids else [])).unique(), on=own,
+                     how="semi", nulls_equal=True)
         if exclude is not None and table == "host_ops" and exclude.height:
             lt = lt.join(exclude.lazy().select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32),
                                                pl.col("id").cast(full.schema["id"])), on=["rank", "source", "id"], how="anti")
@@ -49,8 +53,6 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
         key = ["rank", *src]
         t = t.with_row_index("_r")
         right = t.lazy().select(*key, "tid", "ts", "id", "_r")
-        if tids:  # the points' own threads only
-            right = right.join(pts.select(*key, pl.col("tid").cast(t.schema["tid"])).unique(), on=[*key, "tid"], how="semi", nulls_equal=True)
         j = gt.join_asof(right.sort("ts"), left_on="_mid", right_on="ts", by=[*key, "tid"], strategy="backward", check_sortedness=False)
         j = j.filter(pl.col("id").is_not_null()).select("_gid", *key, "tid", "_mid", "id", "_r").collect(engine=POLARS_ENGINE)
         levels = 32 if depth is None else 1
@@ -93,8 +95,10 @@ def _by_id(t: pl.DataFrame, key: list[str]):
     packed = packed_key([t], cols)
     if packed is None or any(t[c].null_count() for c in cols):
         return None
-    index = t.select(packed, r="_r").sort("_key")
-    if index["_key"].n_unique() != index.height:
+    index = t.select(packed, r="_r")
+    if not index["_key"].is_sorted():
+        index = index.sort("_key")
+    if index.height > 1 and index["_key"].diff().min() == 0:  # sorted: a repeated key sits next to itself
         return None
     return index, packed, (t["id"].min(), t["id"].max())
 
