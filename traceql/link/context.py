@@ -9,6 +9,7 @@ from __future__ import annotations
 import polars as pl
 
 from traceql.link import POLARS_ENGINE
+from traceql.link._keys import packed_key
 from traceql.model import Run
 
 
@@ -34,7 +35,11 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
         lt = full.lazy().with_row_index("_row").filter(
             ~pl.col("name").str.starts_with("ProfilerStep#") & (pl.col("tid").is_null() | (pl.col("tid") >= 0)))
         lt = lt.select(*cols, "_row").with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32))
-        lt = lt.join(pts.select(on).unique(), on=on, how="semi", nulls_equal=True)
+        # on the points' own threads only (tids): ops, parents included (an op's parent is on its thread), of the
+        # other threads are never read, and sorting and indexing them was most of the cost for a few calls
+        own = [*on, "tid"] if tids else on
+        lt = lt.join(pts.select(*on, *([pl.col("tid").cast(full.schema["tid"])] if tids else [])).unique(), on=own,
+                     how="semi", nulls_equal=True)
         if exclude is not None and table == "host_ops" and exclude.height:
             lt = lt.join(exclude.lazy().select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32),
                                                pl.col("id").cast(full.schema["id"])), on=["rank", "source", "id"], how="anti")
@@ -46,23 +51,16 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
         else:
             gt = pts.select("_gid", "rank", *src, "_mid").join(t.lazy().select("rank", *src, "tid").unique(), on=["rank", *src]).sort("_mid")
         key = ["rank", *src]
-        right = t.lazy().select(*key, "tid", "ts", "id")
-        if tids:  # the points' own threads only
-            right = right.join(pts.select(*key, pl.col("tid").cast(t.schema["tid"])).unique(), on=[*key, "tid"], how="semi", nulls_equal=True)
+        t = t.with_row_index("_r")
+        right = t.lazy().select(*key, "tid", "ts", "id", "_r")
         j = gt.join_asof(right.sort("ts"), left_on="_mid", right_on="ts", by=[*key, "tid"], strategy="backward", check_sortedness=False)
-        j = j.filter(pl.col("id").is_not_null()).select("_gid", *key, "tid", "_mid", "id").collect(engine=POLARS_ENGINE)
-        info = t.lazy().select(*key, "id", "ts", "end", "_row", "parent" if "parent" in t.columns else pl.lit(None, pl.Int64).alias("parent"), "depth" if depth is None else pl.lit(depth, pl.Int32).alias("depth"))
-        for _ in range(32 if depth is None else 1):
-            # the rows of the ops looked up at this level only (a few), deduplicated as the whole table would be
-            level = info.join(j.lazy().select(*key, "id").unique(), on=[*key, "id"], how="semi").unique([*key, "id"])
-            jj = j.lazy().join(level, on=[*key, "id"], how="inner").collect(engine=POLARS_ENGINE)
-            span = (pl.col("ts") <= pl.col("_mid")) & (pl.col("end") >= pl.col("_mid"))
-            hit = jj.filter(span)
-            picks.append(hit.select("_gid", name=full["name"].gather(hit["_row"]), depth=pl.col("depth").cast(pl.Int32),
-                                    ts="ts", tid=pl.col("tid").cast(pl.Int64)).lazy())
-            j = jj.filter(~span & pl.col("parent").is_not_null()).select("_gid", *key, "tid", "_mid", pl.col("parent").alias("id"))
-            if j.height == 0:
-                break
+        j = j.filter(pl.col("id").is_not_null()).select("_gid", *key, "tid", "_mid", "id", "_r").collect(engine=POLARS_ENGINE)
+        levels = 32 if depth is None else 1
+        look = _by_id(t, key)
+        if look is None:  # ids repeat within a rank and source, or the key does not fit one integer: join per level
+            _walk_joined(picks, full, t, j, key, depth, levels)
+        else:
+            _walk_searched(picks, full, t, j, key, depth, levels, *look)
     if not picks:
         return pl.DataFrame(schema={"_gid": pl.UInt32, "host_op": pl.Utf8})
     allp = pl.concat(picks)
@@ -70,6 +68,64 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
     # name, so the choice does not depend on the order joins return rows in
     allp = allp.sort(["_gid", "depth", "ts", "tid", "name"], descending=[False, True, True, False, False], nulls_last=True)
     return allp.group_by("_gid", maintain_order=True).first().select("_gid", pl.col("name").alias("host_op")).collect(engine=POLARS_ENGINE)
+
+
+def _walk_joined(picks, full, t, j, key, depth, levels):
+    """The parent walk by a join of each level's ids against the ops (where _by_id cannot index them)."""
+    j = j.drop("_r")
+    info = t.lazy().select(*key, "id", "ts", "end", "_row", "parent" if "parent" in t.columns else pl.lit(None, pl.Int64).alias("parent"), "depth" if depth is None else pl.lit(depth, pl.Int32).alias("depth"))
+    for _ in range(levels):
+        # the rows of the ops looked up at this level only (a few), deduplicated as the whole table would be
+        level = info.join(j.lazy().select(*key, "id").unique(), on=[*key, "id"], how="semi").unique([*key, "id"])
+        jj = j.lazy().join(level, on=[*key, "id"], how="inner").collect(engine=POLARS_ENGINE)
+        span = (pl.col("ts") <= pl.col("_mid")) & (pl.col("end") >= pl.col("_mid"))
+        hit = jj.filter(span)
+        picks.append(hit.select("_gid", name=full["name"].gather(hit["_row"]), depth=pl.col("depth").cast(pl.Int32),
+                                ts="ts", tid=pl.col("tid").cast(pl.Int64)).lazy())
+        j = jj.filter(~span & pl.col("parent").is_not_null()).select("_gid", *key, "tid", "_mid", pl.col("parent").alias("id"))
+        if j.height == 0:
+            break
+
+
+def _by_id(t: pl.DataFrame, key: list[str]):
+    """(rank, source, id) -> row of t by a binary search over one packed Int64 key (link/_keys.py): each parent
+    level then costs a search per point still walking, not a pass over every op of the table (up to 32 levels x
+    940k ops at 128 ranks). None where the key cannot be packed, a key column has nulls, or ids repeat."""
+    cols = [*key, "id"]
+    packed = packed_key([t], cols)
+    if packed is None or any(t[c].null_count() for c in cols):
+        return None
+    index = t.select(packed, r="_r")
+    if not index["_key"].is_sorted():
+        index = index.sort("_key")
+    if index.height > 1 and index["_key"].diff().min() == 0:  # sorted: a repeated key sits next to itself
+        return None
+    return index, packed, (t["id"].min(), t["id"].max())
+
+
+def _walk_searched(picks, full, t, j, key, depth, levels, index, packed, id_range):
+    """The parent walk by row: the op each point stands at is gathered by its row; a point whose op does not span
+    it moves to the parent's row, found by binary search (_by_id). The same hits as _walk_joined."""
+    info = t.select("ts", "end", "_row", pl.col("parent") if "parent" in t.columns else pl.lit(None, pl.Int64).alias("parent"),
+                    pl.col("depth") if depth is None else pl.lit(depth, pl.Int32).alias("depth"))
+    cur = j.select("_gid", *key, "tid", "_mid", "_r")
+    for _ in range(levels):
+        jj = pl.concat([cur, info.select(pl.all().gather(cur["_r"]))], how="horizontal")
+        span = (pl.col("ts") <= pl.col("_mid")) & (pl.col("end") >= pl.col("_mid"))
+        hit = jj.filter(span)
+        picks.append(hit.select("_gid", name=full["name"].gather(hit["_row"]), depth=pl.col("depth").cast(pl.Int32),
+                                ts="ts", tid=pl.col("tid").cast(pl.Int64)).lazy())
+        # a parent outside the ids' range is no op here (the join found none) and would not pack into the key's
+        # widths; inside it, the searched row holds the parent only where its key is the parent's
+        up = jj.filter(~span & pl.col("parent").is_between(*id_range))
+        if up.height == 0:
+            break
+        k = up.select(*key, id="parent").select(packed)["_key"]
+        pos = index["_key"].search_sorted(k, side="left").clip(0, index.height - 1)
+        up = up.with_columns(_r=index["r"].gather(pos), _found=index["_key"].gather(pos) == k)
+        cur = up.filter("_found").select("_gid", *key, "tid", "_mid", "_r")
+        if cur.height == 0:
+            break
 
 
 def host_context(run: Run, gaps: pl.DataFrame) -> pl.DataFrame:

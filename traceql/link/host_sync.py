@@ -30,7 +30,10 @@ def _step_ranges(run: Run) -> pl.DataFrame:
         return pl.DataFrame(schema={"rank": pl.Int32, "source": pl.Int32, "id": pl.Int64})
     key = ["rank", "source", "ts", "end"]
     steps = steps.select(pl.col(c).cast(ops.schema[c]) for c in key).unique()
-    return ops.select(*key, "id").join(steps, on=key, how="semi").select("rank", "source", "id")
+    # the ops starting when some step starts (one column against a few values) before the join on the whole span:
+    # the same rows, without hashing four columns of every op
+    ops = ops.lazy().select(*key, "id").filter(pl.col("ts").is_in(steps["ts"].unique().implode()))
+    return ops.join(steps.lazy(), on=key, how="semi").select("rank", "source", "id").collect(engine=POLARS_ENGINE)
 
 
 def blocking_calls(run: Run) -> pl.DataFrame:
