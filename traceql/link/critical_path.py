@@ -336,20 +336,51 @@ def _interior_runs(k: pl.DataFrame, prev: pl.Series, waits: dict, host: _HostVie
     # the next kernel in the run: P, where K and P are plain and share T
     nxt = pl.when(~pl.col("_sp") & ~pl.col("_sp").gather(pl.col("_p")).fill_null(True)
                   & (pl.col("_T").gather(pl.col("_p")) == pl.col("_T"))).then(pl.col("_p"))
-    w = d.select(*(pl.when(pl.col("_sp")).then(0).otherwise(pl.col(c)).alias(c) for c in _SUMS),
-                 nxt.alias("_ptr"), pl.col("_i").alias("_last"))
-    for _ in range(64):
-        if w["_ptr"].null_count() == n:
-            break
-        g = w.select(pl.all().gather(w["_ptr"]))
-        w = w.with_columns(*((pl.col(c) + g[c].fill_null(0)).alias(c) for c in _SUMS),
-                           pl.coalesce(g["_last"], pl.col("_last")).alias("_last"), g["_ptr"].alias("_ptr"))
-    # a run that never ends (zero-length kernels that are each other's previous activity) takes the walk's own code
-    ff = ~d["_sp"] & w["_ptr"].is_null()
-    out = {c: _int_view(w[c]) for c in _SUMS}
-    out["ff"] = _int_view(ff)
+    own = d.select(*(pl.when(pl.col("_sp")).then(0).otherwise(pl.col(c)).alias(c) for c in _SUMS), nxt.alias("_ptr"))
+    out = _run_sums(k, own, d["_sp"], d["_p"])
     out["T"] = _int_view(d["_T"])
-    out["exit"] = _int_view(d["_p"].gather(w["_last"]).fill_null(-1))
+    return out
+
+
+def _run_sums(k: pl.DataFrame, own: pl.DataFrame, sp: pl.Series, prev: pl.Series) -> dict[str, memoryview]:
+    """_interior_runs' per-kernel sums to the end of its run, from each kernel's own sums (_SUMS) and its next
+    kernel in the run (_ptr, None where the run ends). Most links go to the kernel just before on the device by end
+    time (one stream, one kernel after another), so in that order a run is mostly consecutive rows: per stretch of
+    such links a cumulative sum, and pointer doubling only over the stretches (one per overlap or step boundary),
+    instead of log2(run length) gathers of every row. Integer sums: exact in any order."""
+    n = k.height
+    order = k.select("rank", "source", pl.col("device").fill_null(-1), "end").with_row_index("_r") \
+        .sort(["rank", "source", "device", "end", "_r"])["_r"].cast(pl.Int64)
+    pos_of = pl.repeat(0, n, dtype=pl.Int64, eager=True).scatter(order, pl.int_range(n, dtype=pl.Int64, eager=True))
+    s = own.select(pl.all().gather(order))
+    # a stretch: rows whose link goes to the row just before; its head (first row) links elsewhere or nowhere
+    s = s.with_columns(pl.int_range(n, dtype=pl.Int64).alias("_pos"),
+                       pos_of.gather(s["_ptr"]).alias("_to"))
+    head = s.select((pl.col("_to") != pl.col("_pos") - 1).fill_null(True).alias("_h"))["_h"]
+    # within a stretch, the sums from a row back to the head: a cumulative sum less the one before the head
+    cs = s.select(pl.col(*_SUMS).cum_sum(), "_pos", "_to", (head.cum_sum().cast(pl.Int64) - 1).alias("_seg"))
+    heads = cs.filter(head).select("_pos", "_to", *(pl.col(c) - s[c].filter(head) for c in _SUMS))
+    seg_of = cs["_seg"]
+    s = cs.select(*((pl.col(c) - heads[c].gather(seg_of)).alias(c) for c in _SUMS))
+    # per stretch: where its head hands on to (a row of another stretch, or none), doubled over the stretches
+    to = heads["_to"]
+    g = pl.DataFrame([*(s[c].gather(to).fill_null(0) for c in _SUMS), seg_of.gather(to).alias("_ptr"),
+                      pl.int_range(heads.height, dtype=pl.Int64, eager=True).alias("_last")])
+    for _ in range(64):
+        if g["_ptr"].null_count() == g.height:
+            break
+        h = g.select(pl.all().gather(g["_ptr"]))
+        g = g.with_columns(*((pl.col(c) + h[c].fill_null(0)).alias(c) for c in _SUMS),
+                           pl.coalesce(h["_last"], pl.col("_last")).alias("_last"), h["_ptr"].alias("_ptr"))
+    # what the row's stretch head's chain adds, then back in the kernels' row order
+    at = g.select(pl.all().gather(seg_of))
+    tot = s.select(*((pl.col(c) + at[c]).gather(pos_of) for c in _SUMS), at["_last"].gather(pos_of), at["_ptr"].gather(pos_of))
+    last = order.gather(heads["_pos"].gather(tot["_last"]))
+    # a run that never ends (zero-length kernels that are each other's previous activity) takes the walk's own code
+    ff = ~sp & tot["_ptr"].is_null()
+    out = {c: _int_view(tot[c]) for c in _SUMS}
+    out["ff"] = _int_view(ff)
+    out["exit"] = _int_view(prev.gather(last).fill_null(-1))
     return out
 
 
