@@ -216,13 +216,14 @@ class _HostView:
                                - (pl.col("seg_end") - pl.col("seg_ts"))).alias("cum")))
 
     def _upto(self, name: str, pts: pl.DataFrame, t: str) -> pl.Series:
-        """Per point: rank's covered time of this union before pts[t] (0 where the rank has none)."""
+        """Per point: rank's covered time of this union before pts[t] (0 where the rank has none); pts sorted by t,
+        the result in pts' row order (_i: 0..n-1 in some order)."""
         seg = self.cover[name]
-        j = pts.select("_i", "rank", t).sort(t).join_asof(seg, left_on=t, right_on="seg_ts", by="rank",
-                                                           strategy="backward", check_sortedness=False)
-        return (j.sort("_i").select(
-            (pl.col("cum") + pl.min_horizontal(pl.col(t), pl.col("seg_end")) - pl.col("seg_ts")).fill_null(0))
-            .to_series())
+        j = pts.join_asof(seg, left_on=t, right_on="seg_ts", by="rank", strategy="backward", check_sortedness=False)
+        v = j.select((pl.col("cum") + pl.min_horizontal(pl.col(t), pl.col("seg_end")) - pl.col("seg_ts")).fill_null(0)
+                     .alias(name)).to_series()
+        # back in the points' order: one scatter, not a sort per union
+        return pl.repeat(0, pts.height, dtype=v.dtype, eager=True).alias(name).scatter(j["_i"], v)
 
     def classify(self, gaps: list[tuple[int, int, int, int]]) -> dict[int, dict[str, int]]:
         """Charge the host gaps (step, rank r, a, b) = [a, b) of rank r, summed per step: the part the host spent in
@@ -244,7 +245,9 @@ class _HostView:
         """Per gap [a, b) of rank (Int64 columns rank, a, b): its launch, sync, input, comm and other parts (classify's
         split, row by row)."""
         g = g.with_row_index("_i")
-        w = {name: self._upto(name, g, "b") - self._upto(name, g, "a") for name in self.cover}
+        # the points sorted once per end, for every union's as-of join
+        at = {t: g.select("_i", "rank", t).sort(t) for t in ("a", "b")}
+        w = {name: self._upto(name, at["b"], "b") - self._upto(name, at["a"], "a") for name in self.cover}
         g = g.with_columns(*(v.clip(lower_bound=0).alias(f"_{n}") for n, v in w.items()))
         span = pl.col("b") - pl.col("a")
         g = g.with_columns(pl.col("_loader").alias("input"))
