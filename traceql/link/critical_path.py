@@ -175,11 +175,19 @@ def _below_steps(run: Run) -> pl.DataFrame:
     if h.height == 0 or st.height == 0:
         return h
     shortest = st.group_by("rank", "source").agg((pl.col("_send") - pl.col("_sts")).min().alias("_min"))
-    # only ops as long as a step can hold one: a few per rank, so the join with the steps stays small
-    long = h.join(shortest, on=["rank", "source"], how="inner").filter(pl.col("end") - pl.col("ts") >= pl.col("_min"))
+    # only ops as long as a step can hold one: a few per rank, so the joins with the steps stay small (no op shorter
+    # than every rank's shortest step passes its own rank's test: filtered before the join)
+    long = h.filter(pl.col("end") - pl.col("ts") >= shortest["_min"].min())
+    long = long.join(shortest, on=["rank", "source"], how="inner").filter(pl.col("end") - pl.col("ts") >= pl.col("_min"))
     spans = long.join(st, on=["rank", "source"], how="inner").filter(
         (pl.col("ts") <= pl.col("_sts")) & (pl.col("end") >= pl.col("_send"))).select("rank", "source", "id").unique()
-    return h.join(spans, on=["rank", "source", "id"], how="anti")
+    if spans.height == 0:
+        return h
+    # the anti-join on (rank, source, id) as a mask in h's row order: the exact key test only for the rows whose id
+    # is a spanning op's (a few), not a hash of every host op's key
+    cand = h.select("rank", "source", "id").with_row_index("_r").filter(pl.col("id").is_in(spans["id"].implode()))
+    drop = cand.join(spans, on=["rank", "source", "id"], how="semi")["_r"]
+    return h.filter(pl.repeat(True, h.height, dtype=pl.Boolean, eager=True).scatter(drop, False))
 
 
 def host_waits(ci: pl.DataFrame) -> pl.DataFrame:
