@@ -211,9 +211,18 @@ class _HostView:
             ci = host_waits(ci)
             for (r,), g in ci.sort("wait_end").partition_by("rank", as_dict=True, maintain_order=True).items():
                 self.waits[int(r)] = (g["wait_end"].to_list(), list(zip(g["arrival"].to_list(), g["last_arriver"].to_list())))
-        kk = k.select("rank", "end").with_row_index("_row").sort("end")
-        self.by_end = {int(r): (g["end"].to_list(), g["_row"].to_list())
-                       for (r,), g in kk.partition_by("rank", as_dict=True, maintain_order=True).items()}
+        self._k = k.select("rank", "end")
+        self._by_end: dict | None = None
+
+    @property
+    def by_end(self) -> dict[int, tuple[list[int], list[int]]]:
+        """Per rank, its kernels' ends in order and their rows: built on the first host-side jump (gloo) only, as
+        most runs never jump there."""
+        if self._by_end is None:
+            kk = self._k.with_row_index("_row").sort("end")
+            self._by_end = {int(r): (g["end"].to_list(), g["_row"].to_list())
+                            for (r,), g in kk.partition_by("rank", as_dict=True, maintain_order=True).items()}
+        return self._by_end
 
     @staticmethod
     def _cover(cov: pl.DataFrame, name: str) -> pl.DataFrame:
@@ -319,7 +328,9 @@ def _interior_runs(k: pl.DataFrame, prev: pl.Series, waits: dict, host: _HostVie
     known = d.filter(pl.col("_e").is_not_null()).select("_i", "rank", "_e").sort("_e")
     tt = known.join_asof(st.select("rank", "_w0", "_T"), left_on="_e", right_on="_w0", by="rank", strategy="forward",
                          check_sortedness=False).select("_i", "_T")
-    d = d.join(tt, on="_i", how="left").sort("_i").with_columns(pl.col("_T").fill_null(_NEVER))
+    # back in row order by a scatter (_i is the row number), not a join and a sort
+    d = d.with_columns(pl.repeat(_NEVER, n, dtype=pl.Int64, eager=True).scatter(tt["_i"], tt["_T"].fill_null(_NEVER))
+                       .alias("_T"))
     special = pl.col("_p").is_null() | pl.col("_i").is_in(pl.Series(list(waits), dtype=pl.Int64).implode())
     if host.waits:
         hw = pl.DataFrame([(r, e) for r, (ends, _) in host.waits.items() for e in ends],
@@ -339,9 +350,9 @@ def _interior_runs(k: pl.DataFrame, prev: pl.Series, waits: dict, host: _HostVie
     zeros = [pl.lit(0, dtype=pl.Int64).alias(c) for c in ("launch", "sync", "input", "comm", "other")]
     gaps = d.filter(pl.col("_gap") & ~pl.col("_sp")).select(pl.col("_i").alias("_k"), "rank", pl.col("_e").alias("a"), pl.col("ts").alias("b"))
     if gaps.height:
-        parts = host.charge(gaps).select(pl.col("_k").alias("_i"), *(pl.col(c).cast(pl.Int64) for c in ("launch", "sync", "input", "comm", "other")))
-        d = d.join(parts.with_columns(pl.col("_i").cast(pl.Int64)), on="_i", how="left").sort("_i").with_columns(
-            pl.col("launch", "sync", "input", "comm", "other").fill_null(0))
+        parts = host.charge(gaps)
+        d = d.with_columns(pl.repeat(0, n, dtype=pl.Int64, eager=True).scatter(parts["_k"], parts[c].cast(pl.Int64).fill_null(0))
+                           .alias(c) for c in ("launch", "sync", "input", "comm", "other"))
     else:
         d = d.with_columns(zeros)
     # the next kernel in the run: P, where K and P are plain and share T
