@@ -142,15 +142,20 @@ def _int_view(s: pl.Series) -> memoryview:
 
 
 def _prev_on_device(k: pl.DataFrame) -> pl.Series:
+    return _prev_and_order(k)[0]
+
+
+def _prev_and_order(k: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
     """For each kernel row: the row of the latest-ending activity on its device (rank, source, device) that ended
     at or before the kernel started (ties in end: the later row), never the kernel itself; None where there is none.
 
     One binary search per device of all its rows' starts into its rows sorted by end (the graph's stream and
-    cross-stream predecessor), instead of a Python sort and a bisect per visited kernel."""
+    cross-stream predecessor), instead of a Python sort and a bisect per visited kernel. Also the rows in that order,
+    device by device (_run_sums' order)."""
     n = k.height
     out = pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("_prev")
     keyed = k.select("rank", "source", pl.col("device").fill_null(-1), "ts", "end").with_row_index("_row")
-    parts = []
+    parts, orders = [], []
     for _, g in keyed.partition_by(["rank", "source", "device"], as_dict=True, maintain_order=True).items():
         by_end = g.select("_row", "end").sort(["end", "_row"])
         j = by_end["end"].search_sorted(g["ts"], side="right").cast(pl.Int64) - 1
@@ -162,10 +167,11 @@ def _prev_on_device(k: pl.DataFrame) -> pl.Series:
         cand = pl.DataFrame({"_row": me, "_j": j, "_p": p_row}).with_columns(
             pl.when(pl.col("_j") >= 0).then(pl.col("_p")).alias("_p"))
         parts.append(cand.select("_row", "_p"))
+        orders.append(rows_by_end)
     if not parts:
-        return out
+        return out, pl.Series("_row", [], dtype=pl.Int64)
     allp = pl.concat(parts)
-    return out.scatter(allp["_row"], allp["_p"])
+    return out.scatter(allp["_row"], allp["_p"]), pl.concat(orders)
 
 
 def _below_steps(run: Run) -> pl.DataFrame:
@@ -306,7 +312,7 @@ _SUMS = ("_comp", "_comm", "_idle", "_n", "launch", "sync", "input", "comm", "ot
 
 
 def _interior_runs(k: pl.DataFrame, prev: pl.Series, waits: dict, host: _HostView,
-                   step_start: dict) -> dict[str, memoryview]:
+                   step_start: dict, order: pl.Series) -> dict[str, memoryview]:
     """The walk's plain visits, all at once. A visit of kernel K (the walk reaches it at its end) whose previous
     activity P exists, that waits for no later rank (no collective wait, no host-side collective wait in its gap)
     and that the step's start does not cut (every step s whose start on K's rank is at or after P's end: s >= T[K])
@@ -359,20 +365,20 @@ def _interior_runs(k: pl.DataFrame, prev: pl.Series, waits: dict, host: _HostVie
     nxt = pl.when(~pl.col("_sp") & ~pl.col("_sp").gather(pl.col("_p")).fill_null(True)
                   & (pl.col("_T").gather(pl.col("_p")) == pl.col("_T"))).then(pl.col("_p"))
     own = d.select(*(pl.when(pl.col("_sp")).then(0).otherwise(pl.col(c)).alias(c) for c in _SUMS), nxt.alias("_ptr"))
-    out = _run_sums(k, own, d["_sp"], d["_p"])
+    out = _run_sums(k, own, d["_sp"], d["_p"], order)
     out["T"] = _int_view(d["_T"])
     return out
 
 
-def _run_sums(k: pl.DataFrame, own: pl.DataFrame, sp: pl.Series, prev: pl.Series) -> dict[str, memoryview]:
+def _run_sums(k: pl.DataFrame, own: pl.DataFrame, sp: pl.Series, prev: pl.Series,
+              order: pl.Series) -> dict[str, memoryview]:
     """_interior_runs' per-kernel sums to the end of its run, from each kernel's own sums (_SUMS) and its next
     kernel in the run (_ptr, None where the run ends). Most links go to the kernel just before on the device by end
     time (one stream, one kernel after another), so in that order a run is mostly consecutive rows: per stretch of
     such links a cumulative sum, and pointer doubling only over the stretches (one per overlap or step boundary),
-    instead of log2(run length) gathers of every row. Integer sums: exact in any order."""
+    instead of log2(run length) gathers of every row. Integer sums: exact in any order (order: the rows device by
+    device by end, as _prev_and_order sorted them; any order gives the same sums, this one the fewest stretches)."""
     n = k.height
-    order = k.select("rank", "source", pl.col("device").fill_null(-1), "end").with_row_index("_r") \
-        .sort(["rank", "source", "device", "end", "_r"])["_r"].cast(pl.Int64)
     pos_of = pl.repeat(0, n, dtype=pl.Int64, eager=True).scatter(order, pl.int_range(n, dtype=pl.Int64, eager=True))
     s = own.select(pl.all().gather(order))
     # a stretch: rows whose link goes to the row just before; its head (first row) links elsewhere or nowhere
@@ -465,14 +471,15 @@ class _Part:
         self.jumps: dict[int, tuple] = {}  # set_jumps: the collective kernels here that waited for a later rank
         self._jumps: pl.DataFrame | None = None
         self.n_kernels = k.height
-        pv = _prev_on_device(k)
+        pv, order = _prev_and_order(k)
         self.prev = _int_view(pv.fill_null(-1))
         self.rank = _int_view(k["rank"])
         self.ts = _int_view(k["ts"])
         self.end = _int_view(k["end"])
         self.is_comm = _int_view((k["kind"] == "comm").fill_null(False))
         self.lend = _int_view(k["launch_end"].fill_null(_NO_TIME))
-        self.runs = _interior_runs(k, pv, self.exits, self.host, self.step_start) if k.height >= _RUNS_FROM else None
+        self.runs = _interior_runs(k, pv, self.exits, self.host, self.step_start, order) \
+            if k.height >= _RUNS_FROM else None
         # per step, the part's last kernel (the first such row where several end together), as critical_path picks it
         at = pl.col("end").arg_max()
         self.lasts = k.select("step", "end", "rank", "name").with_row_index("_row").filter(pl.col("step").is_not_null()) \
