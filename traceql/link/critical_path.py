@@ -142,15 +142,20 @@ def _int_view(s: pl.Series) -> memoryview:
 
 
 def _prev_on_device(k: pl.DataFrame) -> pl.Series:
+    return _prev_and_order(k)[0]
+
+
+def _prev_and_order(k: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
     """For each kernel row: the row of the latest-ending activity on its device (rank, source, device) that ended
     at or before the kernel started (ties in end: the later row), never the kernel itself; None where there is none.
 
     One binary search per device of all its rows' starts into its rows sorted by end (the graph's stream and
-    cross-stream predecessor), instead of a Python sort and a bisect per visited kernel."""
+    cross-stream predecessor), instead of a Python sort and a bisect per visited kernel. Also the rows in that order,
+    device by device (_run_sums' order)."""
     n = k.height
     out = pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("_prev")
     keyed = k.select("rank", "source", pl.col("device").fill_null(-1), "ts", "end").with_row_index("_row")
-    parts = []
+    parts, orders = [], []
     for _, g in keyed.partition_by(["rank", "source", "device"], as_dict=True, maintain_order=True).items():
         by_end = g.select("_row", "end").sort(["end", "_row"])
         j = by_end["end"].search_sorted(g["ts"], side="right").cast(pl.Int64) - 1
@@ -162,10 +167,11 @@ def _prev_on_device(k: pl.DataFrame) -> pl.Series:
         cand = pl.DataFrame({"_row": me, "_j": j, "_p": p_row}).with_columns(
             pl.when(pl.col("_j") >= 0).then(pl.col("_p")).alias("_p"))
         parts.append(cand.select("_row", "_p"))
+        orders.append(rows_by_end)
     if not parts:
-        return out
+        return out, pl.Series("_row", [], dtype=pl.Int64)
     allp = pl.concat(parts)
-    return out.scatter(allp["_row"], allp["_p"])
+    return out.scatter(allp["_row"], allp["_p"]), pl.concat(orders)
 
 
 def _below_steps(run: Run) -> pl.DataFrame:
@@ -175,11 +181,19 @@ def _below_steps(run: Run) -> pl.DataFrame:
     if h.height == 0 or st.height == 0:
         return h
     shortest = st.group_by("rank", "source").agg((pl.col("_send") - pl.col("_sts")).min().alias("_min"))
-    # only ops as long as a step can hold one: a few per rank, so the join with the steps stays small
-    long = h.join(shortest, on=["rank", "source"], how="inner").filter(pl.col("end") - pl.col("ts") >= pl.col("_min"))
+    # only ops as long as a step can hold one: a few per rank, so the joins with the steps stay small (no op shorter
+    # than every rank's shortest step passes its own rank's test: filtered before the join)
+    long = h.filter(pl.col("end") - pl.col("ts") >= shortest["_min"].min())
+    long = long.join(shortest, on=["rank", "source"], how="inner").filter(pl.col("end") - pl.col("ts") >= pl.col("_min"))
     spans = long.join(st, on=["rank", "source"], how="inner").filter(
         (pl.col("ts") <= pl.col("_sts")) & (pl.col("end") >= pl.col("_send"))).select("rank", "source", "id").unique()
-    return h.join(spans, on=["rank", "source", "id"], how="anti")
+    if spans.height == 0:
+        return h
+    # the anti-join on (rank, source, id) as a mask in h's row order: the exact key test only for the rows whose id
+    # is a spanning op's (a few), not a hash of every host op's key
+    cand = h.select("rank", "source", "id").with_row_index("_r").filter(pl.col("id").is_in(spans["id"].implode()))
+    drop = cand.join(spans, on=["rank", "source", "id"], how="semi")["_r"]
+    return h.filter(pl.repeat(True, h.height, dtype=pl.Boolean, eager=True).scatter(drop, False))
 
 
 def host_waits(ci: pl.DataFrame) -> pl.DataFrame:
@@ -203,9 +217,18 @@ class _HostView:
             ci = host_waits(ci)
             for (r,), g in ci.sort("wait_end").partition_by("rank", as_dict=True, maintain_order=True).items():
                 self.waits[int(r)] = (g["wait_end"].to_list(), list(zip(g["arrival"].to_list(), g["last_arriver"].to_list())))
-        kk = k.select("rank", "end").with_row_index("_row").sort("end")
-        self.by_end = {int(r): (g["end"].to_list(), g["_row"].to_list())
-                       for (r,), g in kk.partition_by("rank", as_dict=True, maintain_order=True).items()}
+        self._k = k.select("rank", "end")
+        self._by_end: dict | None = None
+
+    @property
+    def by_end(self) -> dict[int, tuple[list[int], list[int]]]:
+        """Per rank, its kernels' ends in order and their rows: built on the first host-side jump (gloo) only, as
+        most runs never jump there."""
+        if self._by_end is None:
+            kk = self._k.with_row_index("_row").sort("end")
+            self._by_end = {int(r): (g["end"].to_list(), g["_row"].to_list())
+                            for (r,), g in kk.partition_by("rank", as_dict=True, maintain_order=True).items()}
+        return self._by_end
 
     @staticmethod
     def _cover(cov: pl.DataFrame, name: str) -> pl.DataFrame:
@@ -216,13 +239,14 @@ class _HostView:
                                - (pl.col("seg_end") - pl.col("seg_ts"))).alias("cum")))
 
     def _upto(self, name: str, pts: pl.DataFrame, t: str) -> pl.Series:
-        """Per point: rank's covered time of this union before pts[t] (0 where the rank has none)."""
+        """Per point: rank's covered time of this union before pts[t] (0 where the rank has none); pts sorted by t,
+        the result in pts' row order (_i: 0..n-1 in some order)."""
         seg = self.cover[name]
-        j = pts.select("_i", "rank", t).sort(t).join_asof(seg, left_on=t, right_on="seg_ts", by="rank",
-                                                           strategy="backward", check_sortedness=False)
-        return (j.sort("_i").select(
-            (pl.col("cum") + pl.min_horizontal(pl.col(t), pl.col("seg_end")) - pl.col("seg_ts")).fill_null(0))
-            .to_series())
+        j = pts.join_asof(seg, left_on=t, right_on="seg_ts", by="rank", strategy="backward", check_sortedness=False)
+        v = j.select((pl.col("cum") + pl.min_horizontal(pl.col(t), pl.col("seg_end")) - pl.col("seg_ts")).fill_null(0)
+                     .alias(name)).to_series()
+        # back in the points' order: one scatter, not a sort per union
+        return pl.repeat(0, pts.height, dtype=v.dtype, eager=True).alias(name).scatter(j["_i"], v)
 
     def classify(self, gaps: list[tuple[int, int, int, int]]) -> dict[int, dict[str, int]]:
         """Charge the host gaps (step, rank r, a, b) = [a, b) of rank r, summed per step: the part the host spent in
@@ -244,7 +268,9 @@ class _HostView:
         """Per gap [a, b) of rank (Int64 columns rank, a, b): its launch, sync, input, comm and other parts (classify's
         split, row by row)."""
         g = g.with_row_index("_i")
-        w = {name: self._upto(name, g, "b") - self._upto(name, g, "a") for name in self.cover}
+        # the points sorted once per end, for every union's as-of join
+        at = {t: g.select("_i", "rank", t).sort(t) for t in ("a", "b")}
+        w = {name: self._upto(name, at["b"], "b") - self._upto(name, at["a"], "a") for name in self.cover}
         g = g.with_columns(*(v.clip(lower_bound=0).alias(f"_{n}") for n, v in w.items()))
         span = pl.col("b") - pl.col("a")
         g = g.with_columns(pl.col("_loader").alias("input"))
@@ -286,7 +312,7 @@ _SUMS = ("_comp", "_comm", "_idle", "_n", "launch", "sync", "input", "comm", "ot
 
 
 def _interior_runs(k: pl.DataFrame, prev: pl.Series, waits: dict, host: _HostView,
-                   step_start: dict) -> dict[str, memoryview]:
+                   step_start: dict, order: pl.Series) -> dict[str, memoryview]:
     """The walk's plain visits, all at once. A visit of kernel K (the walk reaches it at its end) whose previous
     activity P exists, that waits for no later rank (no collective wait, no host-side collective wait in its gap)
     and that the step's start does not cut (every step s whose start on K's rank is at or after P's end: s >= T[K])
@@ -308,7 +334,9 @@ def _interior_runs(k: pl.DataFrame, prev: pl.Series, waits: dict, host: _HostVie
     known = d.filter(pl.col("_e").is_not_null()).select("_i", "rank", "_e").sort("_e")
     tt = known.join_asof(st.select("rank", "_w0", "_T"), left_on="_e", right_on="_w0", by="rank", strategy="forward",
                          check_sortedness=False).select("_i", "_T")
-    d = d.join(tt, on="_i", how="left").sort("_i").with_columns(pl.col("_T").fill_null(_NEVER))
+    # back in row order by a scatter (_i is the row number), not a join and a sort
+    d = d.with_columns(pl.repeat(_NEVER, n, dtype=pl.Int64, eager=True).scatter(tt["_i"], tt["_T"].fill_null(_NEVER))
+                       .alias("_T"))
     special = pl.col("_p").is_null() | pl.col("_i").is_in(pl.Series(list(waits), dtype=pl.Int64).implode())
     if host.waits:
         hw = pl.DataFrame([(r, e) for r, (ends, _) in host.waits.items() for e in ends],
@@ -328,28 +356,59 @@ def _interior_runs(k: pl.DataFrame, prev: pl.Series, waits: dict, host: _HostVie
     zeros = [pl.lit(0, dtype=pl.Int64).alias(c) for c in ("launch", "sync", "input", "comm", "other")]
     gaps = d.filter(pl.col("_gap") & ~pl.col("_sp")).select(pl.col("_i").alias("_k"), "rank", pl.col("_e").alias("a"), pl.col("ts").alias("b"))
     if gaps.height:
-        parts = host.charge(gaps).select(pl.col("_k").alias("_i"), *(pl.col(c).cast(pl.Int64) for c in ("launch", "sync", "input", "comm", "other")))
-        d = d.join(parts.with_columns(pl.col("_i").cast(pl.Int64)), on="_i", how="left").sort("_i").with_columns(
-            pl.col("launch", "sync", "input", "comm", "other").fill_null(0))
+        parts = host.charge(gaps)
+        d = d.with_columns(pl.repeat(0, n, dtype=pl.Int64, eager=True).scatter(parts["_k"], parts[c].cast(pl.Int64).fill_null(0))
+                           .alias(c) for c in ("launch", "sync", "input", "comm", "other"))
     else:
         d = d.with_columns(zeros)
     # the next kernel in the run: P, where K and P are plain and share T
     nxt = pl.when(~pl.col("_sp") & ~pl.col("_sp").gather(pl.col("_p")).fill_null(True)
                   & (pl.col("_T").gather(pl.col("_p")) == pl.col("_T"))).then(pl.col("_p"))
-    w = d.select(*(pl.when(pl.col("_sp")).then(0).otherwise(pl.col(c)).alias(c) for c in _SUMS),
-                 nxt.alias("_ptr"), pl.col("_i").alias("_last"))
-    for _ in range(64):
-        if w["_ptr"].null_count() == n:
-            break
-        g = w.select(pl.all().gather(w["_ptr"]))
-        w = w.with_columns(*((pl.col(c) + g[c].fill_null(0)).alias(c) for c in _SUMS),
-                           pl.coalesce(g["_last"], pl.col("_last")).alias("_last"), g["_ptr"].alias("_ptr"))
-    # a run that never ends (zero-length kernels that are each other's previous activity) takes the walk's own code
-    ff = ~d["_sp"] & w["_ptr"].is_null()
-    out = {c: _int_view(w[c]) for c in _SUMS}
-    out["ff"] = _int_view(ff)
+    own = d.select(*(pl.when(pl.col("_sp")).then(0).otherwise(pl.col(c)).alias(c) for c in _SUMS), nxt.alias("_ptr"))
+    out = _run_sums(k, own, d["_sp"], d["_p"], order)
     out["T"] = _int_view(d["_T"])
-    out["exit"] = _int_view(d["_p"].gather(w["_last"]).fill_null(-1))
+    return out
+
+
+def _run_sums(k: pl.DataFrame, own: pl.DataFrame, sp: pl.Series, prev: pl.Series,
+              order: pl.Series) -> dict[str, memoryview]:
+    """_interior_runs' per-kernel sums to the end of its run, from each kernel's own sums (_SUMS) and its next
+    kernel in the run (_ptr, None where the run ends). Most links go to the kernel just before on the device by end
+    time (one stream, one kernel after another), so in that order a run is mostly consecutive rows: per stretch of
+    such links a cumulative sum, and pointer doubling only over the stretches (one per overlap or step boundary),
+    instead of log2(run length) gathers of every row. Integer sums: exact in any order (order: the rows device by
+    device by end, as _prev_and_order sorted them; any order gives the same sums, this one the fewest stretches)."""
+    n = k.height
+    pos_of = pl.repeat(0, n, dtype=pl.Int64, eager=True).scatter(order, pl.int_range(n, dtype=pl.Int64, eager=True))
+    s = own.select(pl.all().gather(order))
+    # a stretch: rows whose link goes to the row just before; its head (first row) links elsewhere or nowhere
+    s = s.with_columns(pl.int_range(n, dtype=pl.Int64).alias("_pos"),
+                       pos_of.gather(s["_ptr"]).alias("_to"))
+    head = s.select((pl.col("_to") != pl.col("_pos") - 1).fill_null(True).alias("_h"))["_h"]
+    # within a stretch, the sums from a row back to the head: a cumulative sum less the one before the head
+    cs = s.select(pl.col(*_SUMS).cum_sum(), "_pos", "_to", (head.cum_sum().cast(pl.Int64) - 1).alias("_seg"))
+    heads = cs.filter(head).select("_pos", "_to", *(pl.col(c) - s[c].filter(head) for c in _SUMS))
+    seg_of = cs["_seg"]
+    s = cs.select(*((pl.col(c) - heads[c].gather(seg_of)).alias(c) for c in _SUMS))
+    # per stretch: where its head hands on to (a row of another stretch, or none), doubled over the stretches
+    to = heads["_to"]
+    g = pl.DataFrame([*(s[c].gather(to).fill_null(0) for c in _SUMS), seg_of.gather(to).alias("_ptr"),
+                      pl.int_range(heads.height, dtype=pl.Int64, eager=True).alias("_last")])
+    for _ in range(64):
+        if g["_ptr"].null_count() == g.height:
+            break
+        h = g.select(pl.all().gather(g["_ptr"]))
+        g = g.with_columns(*((pl.col(c) + h[c].fill_null(0)).alias(c) for c in _SUMS),
+                           pl.coalesce(h["_last"], pl.col("_last")).alias("_last"), h["_ptr"].alias("_ptr"))
+    # what the row's stretch head's chain adds, then back in the kernels' row order
+    at = g.select(pl.all().gather(seg_of))
+    tot = s.select(*((pl.col(c) + at[c]).gather(pos_of) for c in _SUMS), at["_last"].gather(pos_of), at["_ptr"].gather(pos_of))
+    last = order.gather(heads["_pos"].gather(tot["_last"]))
+    # a run that never ends (zero-length kernels that are each other's previous activity) takes the walk's own code
+    ff = ~sp & tot["_ptr"].is_null()
+    out = {c: _int_view(tot[c]) for c in _SUMS}
+    out["ff"] = _int_view(ff)
+    out["exit"] = _int_view(prev.gather(last).fill_null(-1))
     return out
 
 
@@ -412,14 +471,15 @@ class _Part:
         self.jumps: dict[int, tuple] = {}  # set_jumps: the collective kernels here that waited for a later rank
         self._jumps: pl.DataFrame | None = None
         self.n_kernels = k.height
-        pv = _prev_on_device(k)
+        pv, order = _prev_and_order(k)
         self.prev = _int_view(pv.fill_null(-1))
         self.rank = _int_view(k["rank"])
         self.ts = _int_view(k["ts"])
         self.end = _int_view(k["end"])
         self.is_comm = _int_view((k["kind"] == "comm").fill_null(False))
         self.lend = _int_view(k["launch_end"].fill_null(_NO_TIME))
-        self.runs = _interior_runs(k, pv, self.exits, self.host, self.step_start) if k.height >= _RUNS_FROM else None
+        self.runs = _interior_runs(k, pv, self.exits, self.host, self.step_start, order) \
+            if k.height >= _RUNS_FROM else None
         # per step, the part's last kernel (the first such row where several end together), as critical_path picks it
         at = pl.col("end").arg_max()
         self.lasts = k.select("step", "end", "rank", "name").with_row_index("_row").filter(pl.col("step").is_not_null()) \
