@@ -48,3 +48,15 @@ def rule_rows(run, rule_id: str, rank: int | None = None) -> list[dict]:
     res = evaluate(run, rule)
     assert res.status == "ran", res.reason
     return [f.evidence for f in res.findings if rank is None or rank in f.ranks]
+
+
+@pytest.fixture(scope="module")
+def client():
+    """A Dask client on an in-process LocalCluster (one worker, two threads): the executor's tests and the URL
+    sources' (memory:// is per process, so its workers must share this one)."""
+    import distributed
+
+    with distributed.LocalCluster(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=":0") as c, \
+            distributed.Client(c) as cl:
+        yield cl
+

@@ -35,13 +35,6 @@ def _multi_rank_dirs() -> list[Path]:
 MULTI = _multi_rank_dirs()
 
 
-@pytest.fixture(scope="module")
-def client():
-    with distributed.LocalCluster(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=":0") as c, \
-            distributed.Client(c) as cl:
-        yield cl
-
-
 def _answers(result):
     findings = sorted((f.fingerprint, f.rule, f.message, f.cost_ms_per_step, f.caused_by) for f in result.findings)
     rules = sorted((r.rule.id, r.status) for r in result.results)

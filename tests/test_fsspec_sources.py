@@ -43,13 +43,6 @@ def _empty_memory_fs():
     fs.pseudo_dirs[:] = [""]
 
 
-@pytest.fixture(scope="module")
-def client():
-    with distributed.LocalCluster(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=":0") as c, \
-            distributed.Client(c) as cl:
-        yield cl
-
-
 def _answers(result):
     run = result.run
     root = run.path if run.path.is_dir() else run.path.parent

@@ -52,23 +52,21 @@ def _split_at_steps(a: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     st = steps.filter(pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("step").is_not_null()).select(
         pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), pl.col("step").cast(pl.Int64).alias("_step"),
         pl.col("ts").cast(pl.Int64).alias("_sts"), pl.col("end").cast(pl.Int64).alias("_send"))
-    host = pl.col("side") == "host"
-    if st.height == 0 or a.filter(host).height == 0:
+    if st.height == 0:
         return a
-    own = a.filter(host & pl.col("step").is_not_null()).join(
-        st, left_on=["rank", "source", "step"], right_on=["rank", "source", "_step"], how="left")
-    crosses = own.filter(pl.col("_send").is_not_null() & (pl.col("end") > pl.col("_send")))
+    a = a.with_row_index("_i")
+    crosses = a.filter((pl.col("side") == "host") & pl.col("step").is_not_null()).join(
+        st, left_on=["rank", "source", "step"], right_on=["rank", "source", "_step"], how="inner"
+    ).filter(pl.col("end") > pl.col("_send")).select("_i", *SCHEMA)
     if crosses.height == 0:
-        return a
-    crosses = crosses.select(*SCHEMA).with_row_index("_i")
+        return a.drop("_i")
     pieces = crosses.join(st, on=["rank", "source"], how="inner").filter(
         (pl.col("_sts") < pl.col("end")) & (pl.col("_send") > pl.col("ts"))
     ).select(
-        "_i", "rank", "source", pl.col("_step").alias("step"), pl.max_horizontal("ts", "_sts").alias("ts"),
+        "rank", "source", pl.col("_step").alias("step"), pl.max_horizontal("ts", "_sts").alias("ts"),
         pl.min_horizontal("end", "_send").alias("end"), "name", "kind", "side")
-    keep = a.join(crosses.select("rank", "source", "step", "ts", "end", "name", "kind", "side"),
-                  on=["rank", "source", "step", "ts", "end", "name", "kind", "side"], how="anti", nulls_equal=True)
-    return pl.concat([keep, pieces.drop("_i").select([pl.col(c).cast(t) for c, t in SCHEMA.items()])])
+    keep = a.filter(~pl.col("_i").is_in(crosses["_i"].implode())).drop("_i")
+    return pl.concat([keep, pieces.select([pl.col(c).cast(t) for c, t in SCHEMA.items()])])
 
 
 DERIVED = {"activity": activity}
