@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -75,6 +76,28 @@ def test_2_unknown_config_key(tmp_path):
     cfg.write_text('fail-on = "warning"\nselct = ["TQL1"]\n')
     r = _check(DEMO, "--config", cfg)
     assert r.exit_code == 2 and f"{cfg}: selct: unknown key; did you mean 'select'?" in _one_line(r)
+
+
+@pytest.mark.parametrize("fixture, rule", [("corrupt-rank-cpu-ddp-eager", "TQL003"), ("lost-rank-cpu-ddp-eager", "TQL002")])
+def test_1_for_an_input_hole_with_a_pack_of_ones_own(tmp_path, fixture, rule):
+    """`--rules DIR` replaces the analysis, not the input rules: a pack of one rule still says the file it could
+    not read or the rank it did not find, unless the pack defines that rule itself or it is ignored by name."""
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    own = next(default_rules_dir().glob("TQL301-*.yaml"))
+    (pack / own.name).write_text(own.read_text())
+    run = REPO / "fixtures" / fixture
+    r = CliRunner().invoke(main, ["check", str(run), "--rules", str(pack), "--format", "json"])
+    assert r.exit_code == 1, r.output
+    assert rule in {f["rule"] for f in json.loads(r.stdout)["findings"]}
+    assert _check(run, "--rules", pack, "--ignore", rule).exit_code == 0
+    bundled = next(default_rules_dir().glob(f"{rule}-*.yaml")).read_text()
+    assert "\nseverity: info\n" not in bundled
+    mine = re.sub(r"(?m)^severity: \w+$", "severity: info", bundled, count=1)
+    (pack / f"{rule}-mine.yaml").write_text(mine)
+    r = CliRunner().invoke(main, ["check", str(run), "--rules", str(pack), "--format", "json"])
+    assert r.exit_code == 0, r.output  # the pack's own TQL00x (at info) is the one that ran
+    assert {f["severity"] for f in json.loads(r.stdout)["findings"] if f["rule"] == rule} == {"info"}
 
 
 def test_2_no_rules_loaded(tmp_path):

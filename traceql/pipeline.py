@@ -13,7 +13,7 @@ from traceql.model.result import CheckResult
 from traceql.rules import config as cfgmod
 from traceql.rules.causes import attribute
 from traceql.rules.engine import run_rules
-from traceql.rules.loader import load_rules
+from traceql.rules.loader import load_rules, with_input_rules
 
 
 class NothingToAnalyse(Exception):
@@ -75,6 +75,8 @@ def check(
     rules = load_rules(rules_dirs)
     if not rules:
         raise cfgmod.ConfigError(f"no rule files (TQL*.yaml) in {', '.join(map(str, rules_dirs or []))}; point --rules at a rule pack")
+    if rules_dirs:  # a user's pack still says whether the run was read at all (TQL001-TQL004), unless it defines them
+        rules = with_input_rules(rules)
     cfgmod.check_params(config, rules)
     cfgmod.check_selectors(select or [], rules, "--select")
     cfgmod.check_selectors(ignore or [], rules, "--ignore")

@@ -48,7 +48,7 @@ def _csv(values: tuple[str, ...]) -> list[str]:
 @click.option("--ignore", multiple=True, help="Rule ids or prefixes to skip.")
 @click.option("--set", "sets", multiple=True, help="Override a threshold: RULE.param=value (e.g. TQL101.min_exposed_ms=5).")
 @click.option("--fail-on", type=click.Choice(["error", "warning", "info", "never"]), default=None, help="Exit 1 when a finding is at or above this severity [default: warning].")
-@click.option("--rules", "rules_dirs", multiple=True, type=click.Path(path_type=Path, exists=True, file_okay=False), help="Rule folder(s) to use instead of the bundled pack.")
+@click.option("--rules", "rules_dirs", multiple=True, type=click.Path(path_type=Path, exists=True, file_okay=False), help="Rule folder(s) to use instead of the bundled pack (its input rules TQL001-TQL004 still run unless the folder defines them; leave them with --ignore).")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, exists=True, dir_okay=False), help="traceql.toml (default: found from the current folder upwards, never inside RUN_DIR).")
 @click.option("--trust-run-config", is_flag=True, help="Also read traceql.toml / pyproject.toml from inside RUN_DIR (it can change the verdict: only for runs you trust).")
 @click.option("--baseline", type=click.Path(path_type=Path, exists=True, dir_okay=False), help="A previous --format json report: report only findings not in it.")

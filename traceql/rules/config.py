@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from traceql.rules.loader import Rule, matches
+from traceql.rules.loader import INPUT_RULES, Rule, matches
 
 
 class ConfigError(ValueError):
@@ -207,10 +207,8 @@ def coerce(value: str, default):
     return value
 
 
-# The rules about the inputs themselves (TQL001 rank-collision, TQL002 missing-rank, TQL003 unreadable-source,
-# TQL004 partial-source): whether the run was understood at all. --select narrows the analysis, not the honesty of
-# its "No findings": these run with any selection and leave only by name in --ignore.
-INPUT_RULES = "TQL00"
+# The input rules (INPUT_RULES, rules.loader): --select narrows the analysis, not the honesty of its "No findings":
+# they run with any selection and leave only by name in --ignore.
 
 
 def choose(rules: list[Rule], select: list[str], ignore: list[str]) -> list[Rule]:

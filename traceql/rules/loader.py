@@ -377,6 +377,25 @@ def load_rules(dirs: list[Path] | None = None, trust_manifest: bool = True) -> l
     return sorted(rules.values(), key=lambda r: r.id)
 
 
+# The rules about the inputs themselves (TQL001 rank-collision, TQL002 missing-rank, TQL003 unreadable-source,
+# TQL004 partial-source): whether the run was understood at all (rules.config.choose keeps them in any selection).
+INPUT_RULES = "TQL00"
+
+
+def with_input_rules(rules: list[Rule]) -> list[Rule]:
+    """A user's pack (`--rules DIR`) with the bundled input rules it does not define itself: without them a run with
+    an unreadable or a missing rank would pass a check against that pack with "No findings" and exit 0."""
+    d = default_rules_dir()
+    have = {r.id for r in rules}
+    paths = [p for p in sorted(d.glob(f"{INPUT_RULES}*.y*ml")) if p.name.split("-", 1)[0] not in have]
+    if not paths:
+        return rules
+    entries, view_data = manifest.trusted([d])
+    views = views_of([d], infer=not entries, data=view_data)
+    extra = [_load_vouched(p, entries.get(p.name), views) for p in paths]
+    return sorted(rules + [r for r in extra if r.id not in have], key=lambda r: r.id)
+
+
 def matches(rule_id: str, patterns: list[str]) -> bool:
     """--select/--ignore: a pattern is an id or an id prefix (TQL1, TQL10), or a rule name."""
     return any(rule_id.startswith(p.strip().upper()) for p in patterns if p.strip())
