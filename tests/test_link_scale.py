@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from traceql.link._keys import first_match, packed_key
-from traceql.link.critical_path import _prev_on_device
 from traceql.pipeline import load_run
 from traceql.rules.engine import evaluate
 from traceql.rules.loader import load_rules
@@ -56,7 +55,17 @@ _kernel = st.tuples(st.integers(0, 1), st.one_of(st.none(), st.integers(0, 1)), 
 def test_prev_on_device_is_the_latest_ending_earlier_activity(rows):
     k = pl.DataFrame([(r, 0, d, ts, ts + dur) for r, d, ts, dur in rows],
                      schema={"rank": pl.Int32, "source": pl.Int32, "device": pl.Int32, "ts": pl.Int64, "end": pl.Int64}, orient="row")
-    got = _prev_on_device(k)
+    import traceql.link.critical_path as cp
+
+    few = cp._PREV_IN_PYTHON
+    try:  # both paths: polars per device (from _PREV_IN_PYTHON kernels on), and Python below it
+        cp._PREV_IN_PYTHON = 0
+        big = cp._prev_and_order(k)
+        cp._PREV_IN_PYTHON = 1 << 30
+        got, order = cp._prev_and_order(k)
+    finally:
+        cp._PREV_IN_PYTHON = few
+    assert got.equals(big[0]) and order.equals(big[1]), (got, big)
     dev = [(-1 if d is None else d) for _, d, _, _ in rows]
     for i, (r, _, ts, _) in enumerate(rows):
         # rows of the device ordered by (end, row): the last one that ended at or before i started, other than i

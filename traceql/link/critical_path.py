@@ -153,6 +153,8 @@ def _prev_and_order(k: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
     cross-stream predecessor), instead of a Python sort and a bisect per visited kernel. Also the rows in that order,
     device by device (_run_sums' order)."""
     n = k.height
+    if n < _PREV_IN_PYTHON:
+        return _prev_and_order_few(k)
     out = pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("_prev")
     keyed = k.select("rank", "source", pl.col("device").fill_null(-1), "ts", "end").with_row_index("_row")
     parts, orders = [], []
@@ -172,6 +174,37 @@ def _prev_and_order(k: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
         return out, pl.Series("_row", [], dtype=pl.Int64)
     allp = pl.concat(parts)
     return out.scatter(allp["_row"], allp["_p"]), pl.concat(orders)
+
+
+# below this many kernels _prev_and_order searches in Python: its polars queries cost ~0.5 ms per device
+_PREV_IN_PYTHON = 8_192
+
+
+def _prev_and_order_few(k: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
+    """_prev_and_order by a sort and a bisection per device in Python (the same rows: ends sorted with ties by row,
+    the last end at or before the start, never the kernel itself; devices in order of first appearance)."""
+    from bisect import bisect_right
+
+    dev: dict[tuple, list[int]] = {}
+    for i, key in enumerate(zip(k["rank"].to_list(), k["source"].to_list(), k["device"].fill_null(-1).to_list())):
+        v = dev.get(key)
+        if v is None:
+            v = dev[key] = []
+        v.append(i)
+    ts, end = k["ts"].to_list(), k["end"].to_list()
+    prev: list[int | None] = [None] * k.height
+    order: list[int] = []
+    for rows in dev.values():
+        by_end = sorted(rows, key=lambda i: (end[i], i))
+        ends = [end[i] for i in by_end]
+        for i in rows:
+            j = bisect_right(ends, ts[i]) - 1
+            if j >= 0 and by_end[j] == i:  # the kernel itself (no duration): the one before it
+                j -= 1
+            if j >= 0:
+                prev[i] = by_end[j]
+        order.extend(by_end)
+    return pl.Series("_prev", prev, dtype=pl.Int64), pl.Series("_row", order, dtype=pl.Int64)
 
 
 def _below_steps(run: Run) -> pl.DataFrame:
@@ -211,7 +244,9 @@ class _HostView:
     def __init__(self, cov: pl.DataFrame, ci: pl.DataFrame | None, k: pl.DataFrame):
         """cov: the ranks' host_cover on the aligned clock; ci: their rows of collective_instances (None: the run has
         no collectives); k: their kernels, aligned."""
-        self.cover = {c: self._cover(cov, c) for c in ("loader", "sync", "ops", "host_comm")}
+        self._cov = cov
+        self.cover_rows = cov.height
+        self._covers: dict[str, pl.DataFrame] | None = None
         self.waits: dict[int, tuple[list[int], list[tuple[int, int]]]] = {}
         if ci is not None:
             ci = host_waits(ci)
@@ -219,6 +254,7 @@ class _HostView:
                 self.waits[int(r)] = (g["wait_end"].to_list(), list(zip(g["arrival"].to_list(), g["last_arriver"].to_list())))
         self._k = k.select("rank", "end")
         self._by_end: dict | None = None
+        self._lists: dict | None = None  # charge_few's unions as lists, built on its first call
 
     @property
     def by_end(self) -> dict[int, tuple[list[int], list[int]]]:
@@ -229,6 +265,14 @@ class _HostView:
             self._by_end = {int(r): (g["end"].to_list(), g["_row"].to_list())
                             for (r,), g in kk.partition_by("rank", as_dict=True, maintain_order=True).items()}
         return self._by_end
+
+    @property
+    def cover(self) -> dict[str, pl.DataFrame]:
+        """host_cover's unions per rank for charge's joins: built on its first call (a small run's walk charges its
+        gaps in Python, charge_few)."""
+        if self._covers is None:
+            self._covers = {c: self._cover(self._cov, c) for c in ("loader", "sync", "ops", "host_comm")}
+        return self._covers
 
     @staticmethod
     def _cover(cov: pl.DataFrame, name: str) -> pl.DataFrame:
@@ -280,6 +324,47 @@ class _HostView:
         g = g.with_columns(pl.min_horizontal(pl.col("_rest"), pl.col("_ops")).alias("launch"))
         return g.with_columns((pl.col("_rest") - pl.col("launch")).alias("other"))
 
+    def charge_few(self, gaps: list[tuple[int, int, int]]) -> list[tuple[int, int, int, int, int]]:
+        """charge's split, (launch, sync, input, comm, other) per gap (rank, a, b), by bisection over the unions as
+        Python lists: for the few gaps of a small run's walk, where charge's eight as-of joins cost more than the
+        gaps (identical integers: the same sums and minima)."""
+        from bisect import bisect_right
+
+        if self._lists is None:
+            # per union and rank: segment starts, ends and the covered time before each, in start order (_cover's)
+            self._lists = {c: {} for c in ("loader", "sync", "ops", "host_comm")}
+            cov = self._cov.sort("cover", "rank", "seg_ts")
+            for c, r, a, b in zip(*(cov[col].to_list() for col in ("cover", "rank", "seg_ts", "seg_end"))):
+                per = self._lists.get(c)
+                if per is None:
+                    continue
+                v = per.get(r)
+                if v is None:
+                    v = per[r] = ([], [], [], [0])
+                v[0].append(a)
+                v[1].append(b)
+                v[2].append(v[3][0])
+                v[3][0] += b - a
+
+        def upto(per, r, t):  # _upto for one point
+            v = per.get(r)
+            if v is None:
+                return 0
+            i = bisect_right(v[0], t) - 1
+            return v[2][i] + min(t, v[1][i]) - v[0][i] if i >= 0 else 0
+
+        loader, host_comm, sync_, ops = (self._lists[c] for c in ("loader", "host_comm", "sync", "ops"))
+        out = []
+        for r, a, b in gaps:
+            span = b - a
+            inp = max(0, upto(loader, r, b) - upto(loader, r, a))
+            comm = min(span - inp, max(0, upto(host_comm, r, b) - upto(host_comm, r, a)))
+            sync = min(span - inp - comm, max(0, upto(sync_, r, b) - upto(sync_, r, a)))
+            rest = span - inp - comm - sync
+            launch = min(rest, max(0, upto(ops, r, b) - upto(ops, r, a)))
+            out.append((launch, sync, inp, comm, rest - launch))
+        return out
+
     def wait(self, r: int, a: int, b: int) -> tuple[int, int] | None:
         """(end of the wait, late rank) of rank r's latest host-side collective wait for another rank that ends
         inside (a, b]."""
@@ -305,6 +390,11 @@ class _HostView:
 
 
 _GUARD = 10_000_000
+# below this many host gaps in a round of segments, they are charged in Python (_HostView.charge_few): a small run's
+# walk has tens of gaps per round, and charge's joins cost ~1 ms each whatever their size (and while host_cover is
+# short enough that taking it as lists once costs less than a few rounds of joins)
+_CHARGE_FEW = 2_000
+_CHARGE_FEW_COVER = 1 << 16
 # below this many kernels the walk's own code is quicker than building the runs (a fixed ~0.05 s of polars queries)
 _RUNS_FROM = 20_000
 _NEVER = 1 << 62
@@ -515,7 +605,12 @@ class _Part:
             sums, ex, g = self._segment(*e)
             gaps.extend((len(out), r, a, b) for r, a, b in g)
             out[e] = (sums, ex)
-        if gaps:
+        if gaps and len(gaps) < _CHARGE_FEW and self.host.cover_rows < _CHARGE_FEW_COVER:
+            keys = list(out)
+            for (kk, _, _, _), hp in zip(gaps, self.host.charge_few([g[1:] for g in gaps])):
+                sums, ex = out[keys[kk]]
+                out[keys[kk]] = (sums[:4] + tuple(a + b for a, b in zip(sums[4:], hp)), ex)
+        elif gaps:
             g = pl.DataFrame(gaps, schema={"_k": pl.Int64, "rank": pl.Int64, "a": pl.Int64, "b": pl.Int64}, orient="row")
             per = self.host.charge(g).group_by("_k").agg(pl.col("launch", "sync", "input", "comm", "other").sum())
             keys = list(out)
