@@ -258,3 +258,34 @@ def test_gaps_charged_in_python_equal_the_joins(name):
     joins = part.host.charge(g).select("launch", "sync", "input", "comm", "other").rows()
     assert part.host.charge_few(gaps) == joins
     assert any(sum(x[:4]) for x in joins)  # some gaps fall on the host's recorded work, not all on "other"
+
+
+def _host_cover_per_union(run: Run) -> pl.DataFrame:
+    """host_cover as it was built: each union's segments on their own, concatenated in the unions' order."""
+    from traceql import intervals
+    from traceql.link.critical_path import HOST_COVER_SCHEMA, _below_steps
+    from traceql.link.input_pipeline import LOADER_NEXT
+
+    rt = run.table("runtime")
+    covers = {
+        "loader": run.table("host_ops").filter(pl.col("name").str.contains(LOADER_NEXT)).select("rank", "ts", "end"),
+        "sync": rt.filter((pl.col("kind") == "sync") & ~pl.col("name").str.contains("Query")).select("rank", "ts", "end"),
+        "ops": pl.concat([_below_steps(run).select("rank", "ts", "end"), rt.select("rank", "ts", "end")]),
+        "host_comm": run.table("collectives").filter(pl.col("kernel_ts").is_null() & pl.col("kernel_end").is_null())
+        .select("rank", "ts", "end"),
+    }
+    parts = []
+    for name, df in covers.items():
+        df = df.filter(pl.col("rank").is_not_null() & pl.col("ts").is_not_null() & pl.col("end").is_not_null()) \
+            .with_columns(pl.col("rank").cast(pl.Int32))
+        if df.height:
+            parts.append(intervals.segments(df, ["rank"]).select("rank", pl.lit(name).alias("cover"), "seg_ts", "seg_end"))
+    if not parts:
+        return pl.DataFrame(schema=HOST_COVER_SCHEMA)
+    return pl.concat([p.select([pl.col(c).cast(t) for c, t in HOST_COVER_SCHEMA.items()]) for p in parts])
+
+
+@pytest.mark.parametrize("name", DIRS)
+def test_host_cover_in_one_pass_equals_each_union_on_its_own(name):
+    run = load_run(ROOT / name)
+    assert_frame_equal(link.ensure(run, "host_cover"), _host_cover_per_union(run))

@@ -50,6 +50,7 @@ from array import array
 
 import polars as pl
 
+from traceql.link import POLARS_ENGINE
 from traceql.link._keys import first_match
 from traceql.model import Run
 
@@ -109,15 +110,16 @@ def host_cover(run: Run) -> pl.DataFrame:
         "host_comm": run.table("collectives").filter(pl.col("kernel_ts").is_null() & pl.col("kernel_end").is_null())
         .select("rank", "ts", "end"),
     }
-    parts = []
-    for name, df in covers.items():
-        df = df.filter(pl.col("rank").is_not_null() & pl.col("ts").is_not_null() & pl.col("end").is_not_null()) \
-            .with_columns(pl.col("rank").cast(pl.Int32))
-        if df.height:
-            parts.append(intervals.segments(df, ["rank"]).select("rank", pl.lit(name).alias("cover"), "seg_ts", "seg_end"))
-    if not parts:
+    # the four unions in one pass: segments per (union, rank), in the unions' order above, then rank and start
+    df = pl.concat([d.lazy().select(pl.lit(i, dtype=pl.Int8).alias("_c"), pl.col("rank").cast(pl.Int32), "ts", "end")
+                    for i, d in enumerate(covers.values())]).filter(
+        pl.col("rank").is_not_null() & pl.col("ts").is_not_null() & pl.col("end").is_not_null()).collect(engine=POLARS_ENGINE)
+    if df.height == 0:
         return pl.DataFrame(schema=HOST_COVER_SCHEMA)
-    return pl.concat([p.select([pl.col(c).cast(t) for c, t in HOST_COVER_SCHEMA.items()]) for p in parts])
+    names = dict(enumerate(covers))
+    return intervals.segments(df, ["_c", "rank"]).select(
+        "rank", pl.col("_c").replace_strict(names, return_dtype=pl.Utf8).alias("cover"), "seg_ts", "seg_end") \
+        .select([pl.col(c).cast(t) for c, t in HOST_COVER_SCHEMA.items()])
 
 
 _NO_TIME = -(1 << 63)
