@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -133,3 +134,20 @@ def test_union_is_the_sweeps_selected_time(rows):
             if (r2, s2) == (r, s):
                 covered.update(range(ts, ts + d))
         assert round(ms * 1e6) == len(covered)
+
+
+@pytest.mark.parametrize("name", ["h200-host-sync-per-step", "h200-loader-bound", "h200-straggler", "h200-exposed-allreduce-nsys"])
+def test_host_ops_named_by_the_walk_in_python_equal_the_vectorised_walks(name, monkeypatch):
+    # gpu_idle_gaps and blocking_calls name what the host was doing; a few points walk their parents in Python
+    from polars.testing import assert_frame_equal
+
+    from traceql import link
+
+    tables = ("gpu_idle_gaps", "blocking_calls")
+    run = load_run(FIXTURES / name, use_cache=False)
+    shipped = [link.ensure(run, t) for t in tables]
+    monkeypatch.setattr("traceql.link.context._WALK_IN_PYTHON", 0)
+    run = load_run(FIXTURES / name, use_cache=False)
+    for got, t in zip(shipped, tables):
+        assert_frame_equal(got, link.ensure(run, t))
+    assert shipped[0]["host_op"].drop_nulls().len() > 0

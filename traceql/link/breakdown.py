@@ -124,10 +124,9 @@ def gpu_idle_gaps(run: Run) -> pl.DataFrame:
         return pl.DataFrame(schema=GAP_SCHEMA)
     # what the host was doing, for gaps that can matter: a trace has a gap of a few microseconds between most
     # kernels, and naming each would cost an as-of join per gap for nothing
-    named = g.filter(pl.col("gap_ms") >= HOST_OP_MIN_GAP_MS)
-    named = host_context(run, measures.short_names(named, ["prev_name", "next_name"]))
-    rest = measures.short_names(g.filter(pl.col("gap_ms") < HOST_OP_MIN_GAP_MS), ["prev_name", "next_name"]).with_columns(
-        pl.lit(None, pl.Utf8).alias("host_op"))
+    g = measures.short_names(g, ["prev_name", "next_name"])  # row by row: once for both parts
+    named = host_context(run, g.filter(pl.col("gap_ms") >= HOST_OP_MIN_GAP_MS))
+    rest = g.filter(pl.col("gap_ms") < HOST_OP_MIN_GAP_MS).with_columns(pl.lit(None, pl.Utf8).alias("host_op"))
     g = pl.concat([named.select(rest.columns), rest])
     g = g.with_columns((input_wait_ns(run, g, "gap_ts", "gap_end") / 1e6).alias("input_wait_ms"))
     return g.select([pl.col(c).cast(t) for c, t in GAP_SCHEMA.items()]).sort("rank", "source", "device", "gap_ts")
