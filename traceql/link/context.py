@@ -56,7 +56,7 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
         j = gt.join_asof(right.sort("ts"), left_on="_mid", right_on="ts", by=[*key, "tid"], strategy="backward", check_sortedness=False)
         j = j.filter(pl.col("id").is_not_null()).select("_gid", *key, "tid", "_mid", "id", "_r").collect(engine=POLARS_ENGINE)
         levels = 32 if depth is None else 1
-        if j.height < _WALK_IN_PYTHON and _walk_listed(picks, full, t, j, key, depth, levels):
+        if j.height < _WALK_IN_PYTHON and t.height < _WALK_OPS_IN_PYTHON and _walk_listed(picks, full, t, j, key, depth, levels):
             continue
         look = _by_id(t, key)
         if look is None:  # ids repeat within a rank and source, or the key does not fit one integer: join per level
@@ -73,8 +73,10 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
 
 
 # below this many points the parent walk runs in Python over the ops as lists (_walk_listed): a level of the
-# vectorised walks costs ~1 ms of polars queries however few points climb it
-_WALK_IN_PYTHON = 2_000
+# vectorised walks costs ~1 ms of polars queries however few points climb it (while the ops, taken as lists once,
+# are few too: a large trace's few points walk faster by searching its ops than by listing them)
+_WALK_IN_PYTHON = 1_000
+_WALK_OPS_IN_PYTHON = 16_384
 
 
 def _walk_listed(picks, full, t, j, key, depth, levels) -> bool:

@@ -395,7 +395,7 @@ _GUARD = 10_000_000
 # below this many host gaps in a round of segments, they are charged in Python (_HostView.charge_few): a small run's
 # walk has tens of gaps per round, and charge's joins cost ~1 ms each whatever their size (and while host_cover is
 # short enough that taking it as lists once costs less than a few rounds of joins)
-_CHARGE_FEW = 2_000
+_CHARGE_FEW = 500
 _CHARGE_FEW_COVER = 1 << 16
 # below this many kernels the walk's own code is quicker than building the runs (a fixed ~0.05 s of polars queries)
 _RUNS_FROM = 20_000
