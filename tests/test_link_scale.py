@@ -151,3 +151,37 @@ def test_host_ops_named_by_the_walk_in_python_equal_the_vectorised_walks(name, m
     for got, t in zip(shipped, tables):
         assert_frame_equal(got, link.ensure(run, t))
     assert shipped[0]["host_op"].drop_nulls().len() > 0
+
+
+_GPU = sorted(p.parent.name for p in FIXTURES.glob("h200*/manifest.json"))
+
+
+@pytest.mark.parametrize("name", _GPU)
+def test_step_breakdown_unions_in_one_sweep_are_intervals_coverage_and_union(name):
+    # step_breakdown takes its four unions from one keyed sweep; the plain definitions: intervals.union of all and of
+    # the compute kernels, intervals.coverage of comm against compute, per rank and step
+    from polars.testing import assert_frame_equal
+
+    from traceql import intervals, link
+
+    run = load_run(FIXTURES / name, use_cache=False)
+    got = link.ensure(run, "step_breakdown").filter(pl.col("step").is_not_null())
+    k = run.table("kernels").filter(pl.col("step").is_not_null() & pl.col("rank").is_in(got["rank"].unique().implode()))
+    per = ["rank", "step"]
+    want = intervals.union(k, per).select(*per, pl.col("union_ms").alias("busy_ms")).join(
+        intervals.union(k.filter(pl.col("kind") == "compute"), per).select(*per, pl.col("union_ms").alias("compute_ms")),
+        on=per, how="left")
+    comm = k.filter(pl.col("kind") == "comm")
+    cols = ["comm_ms", "overlap_ms", "exposed_comm_ms", "comm_comp_overlap_pct"]
+    if comm.height:
+        cov = intervals.coverage(comm, k.filter(pl.col("kind") == "compute"), per).select(
+            *per, pl.col("sel_ms").alias("comm_ms"), "overlap_ms", pl.col("exposed_ms").alias("exposed_comm_ms"),
+            pl.col("overlap_pct").alias("comm_comp_overlap_pct"))
+        want = want.join(cov, on=per, how="left")
+    else:
+        want = want.with_columns(pl.lit(None, pl.Float64).alias(c) for c in cols)
+    want = want.with_columns(pl.col("compute_ms", *cols[:3]).fill_null(0.0))
+    want = want.with_columns(pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int64)).sort(per)
+    assert_frame_equal(got.select(want.columns), want)
+    if name.startswith("h200x2-ddp"):  # NCCL kernels under compute: the overlap's identity is exercised, not only unions
+        assert got["comm_ms"].sum() > 0 and got["overlap_ms"].sum() > 0
