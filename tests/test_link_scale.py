@@ -182,6 +182,26 @@ def test_step_breakdown_unions_in_one_sweep_are_intervals_coverage_and_union(nam
         want = want.with_columns(pl.lit(None, pl.Float64).alias(c) for c in cols)
     want = want.with_columns(pl.col("compute_ms", *cols[:3]).fill_null(0.0))
     want = want.with_columns(pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int64)).sort(per)
-    assert_frame_equal(got.select(want.columns), want)
+    assert_frame_equal(got.select(want.columns), want, check_exact=True)
     if name.startswith("h200x2-ddp"):  # NCCL kernels under compute: the overlap's identity is exercised, not only unions
         assert got["comm_ms"].sum() > 0 and got["overlap_ms"].sum() > 0
+
+
+@pytest.mark.parametrize("name", ["h200x2-ddp-eager", "h200x2-straggler", "cpu-exposed-allreduce", "cpu8-fsdp2-eager"])
+def test_comm_coverage_from_one_sweep_is_intervals_coverage(name):
+    # comm_coverage's three unions come from one keyed sweep: the numbers intervals.coverage gives, GPU and host side
+    from polars.testing import assert_frame_equal
+
+    from traceql import intervals, link
+
+    run = load_run(FIXTURES / name, use_cache=False)
+    got = link.ensure(run, "comm_coverage")
+    a = link.ensure(run, "activity").filter(pl.col("step").is_not_null())
+    per = ["rank", "step", "side", "source"]
+    cov = intervals.coverage(a.filter(pl.col("kind") == "comm"), a.filter(pl.col("kind") == "compute"), per)
+    want = cov.select(*per, pl.col("sel_ms").alias("comm_ms"), pl.col("against_ms").alias("compute_ms"), "overlap_ms",
+                      pl.col("exposed_ms").alias("exposed_comm_ms"), pl.col("overlap_pct").alias("comm_comp_overlap_pct"))
+    assert a.group_by("rank").agg(pl.col("source").n_unique())["source"].max() == 1  # no source to pick between
+    assert got.height == want.height > 0
+    keys = ["rank", "step", "side"]
+    assert_frame_equal(got.sort(keys), want.select(got.columns).sort(keys), check_dtypes=False, check_exact=True)

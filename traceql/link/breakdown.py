@@ -22,6 +22,27 @@ from traceql import intervals as measures
 _PER = ["rank", "step"]
 
 
+def keyed_unions(frames: list[pl.DataFrame], per: list[str]) -> pl.LazyFrame:
+    """_t, per, _u: the union (ns) of each frame's intervals per group (_t: the frame's place in the list), all of them
+    in one sweep (intervals.union_ns keyed by _t) instead of a sweep and its fixed cost per union."""
+    tagged = pl.concat([d.lazy().select(pl.lit(t, dtype=pl.Int8).alias("_t"), *per, "ts", "end") for t, d in enumerate(frames)])
+    clean = pl.col("ts").is_not_null() & pl.col("end").is_not_null() & (pl.col("end") >= pl.col("ts"))
+    for c in per:
+        clean = clean & pl.col(c).is_not_null()
+    return measures.union_ns(tagged.filter(clean).collect(engine=POLARS_ENGINE), ["_t", *per]).lazy()
+
+
+def overlap_columns(df: pl.LazyFrame, comm: str, comp: str, both: str) -> pl.LazyFrame:
+    """comm_ms, overlap_ms, exposed_comm_ms and comm_comp_overlap_pct from the unions (ns) of communication, compute
+    and both, as intervals.coverage computes them (|A ∩ B| = |A| + |B| - |A ∪ B|); null where comm is."""
+    df = df.with_columns((pl.col(comm) + pl.col(comp).fill_null(0) - pl.col(both)).alias("_i")).with_columns(
+        (pl.col(comm) / measures.NS_PER_MS).alias("comm_ms"), (pl.col("_i") / measures.NS_PER_MS).alias("overlap_ms"))
+    return df.with_columns(
+        (pl.col("comm_ms") - pl.col("overlap_ms")).clip(lower_bound=0.0).alias("exposed_comm_ms"),
+        pl.when(pl.col("comm_ms") > 0).then(pl.col("overlap_ms") / pl.col("comm_ms") * 100.0).otherwise(None)
+        .alias("comm_comp_overlap_pct")).drop("_i")
+
+
 def step_breakdown(run: Run) -> pl.DataFrame:
     from traceql.link import ensure
 
@@ -42,12 +63,8 @@ def step_breakdown(run: Run) -> pl.DataFrame:
     # which union: |comm ∩ compute| = |comm| + |compute| - |comm ∪ compute| (intervals.coverage's identity)
     sel = k.filter(pl.col("kind").is_in(["compute", "comm"]))
     has_comm = (sel["kind"] == "comm").any()
-    parts = [(0, k), (1, sel.filter(pl.col("kind") == "compute"))] + ([(2, sel.filter(pl.col("kind") == "comm")), (3, sel)]
-                                                                      if has_comm else [])
-    tagged = pl.concat([d.lazy().select(pl.lit(t, dtype=pl.Int8).alias("_t"), *_PER, "ts", "end") for t, d in parts]).filter(
-        pl.col("ts").is_not_null() & pl.col("end").is_not_null() & (pl.col("end") >= pl.col("ts"))
-        & pl.col("rank").is_not_null() & pl.col("step").is_not_null()).collect(engine=POLARS_ENGINE)
-    u = measures.union_ns(tagged, ["_t", *_PER]).lazy()
+    parts = [k, sel.filter(pl.col("kind") == "compute")] + ([sel.filter(pl.col("kind") == "comm"), sel] if has_comm else [])
+    u = keyed_unions(parts, _PER)
 
     def union_of(t: int, name: str) -> pl.LazyFrame:
         return u.filter(pl.col("_t") == t).select(*_PER, pl.col("_u").alias(name))
@@ -62,12 +79,7 @@ def step_breakdown(run: Run) -> pl.DataFrame:
     if has_comm:
         out = out.join(union_of(2, "_comm"), on=_PER, how="left").join(union_of(3, "_both"), on=_PER, how="left")
         # coverage's numbers, null where the step has no communication (as its left join leaves them)
-        out = out.with_columns((pl.col("_comm") + pl.col("_comp").fill_null(0) - pl.col("_both")).alias("_i")).with_columns(
-            (pl.col("_comm") / measures.NS_PER_MS).alias("comm_ms"), (pl.col("_i") / measures.NS_PER_MS).alias("overlap_ms"))
-        out = out.with_columns(
-            (pl.col("comm_ms") - pl.col("overlap_ms")).clip(lower_bound=0.0).alias("exposed_comm_ms"),
-            pl.when(pl.col("comm_ms") > 0).then(pl.col("overlap_ms") / pl.col("comm_ms") * 100.0).otherwise(None)
-            .alias("comm_comp_overlap_pct"))
+        out = overlap_columns(out, "_comm", "_comp", "_both")
     else:
         out = out.with_columns(pl.lit(None, pl.Float64).alias(c) for c in ("comm_ms", "overlap_ms", "exposed_comm_ms", "comm_comp_overlap_pct"))
     out = out.with_columns((pl.col("_busy") / measures.NS_PER_MS).alias("busy_ms"),
