@@ -874,11 +874,13 @@ def launch_bound(run: Run) -> pl.DataFrame:
     k = first_match(k, rt, ["rank", "source", "correlation"])
     # rows of a device are contiguous once sorted: number them by run, so the window hashes one integer key
     # (a stable sort of nearly sorted rows is also much faster than an unstable one)
-    k = k.sort(["rank", "source", "device", "ts"], maintain_order=True)
+    # (one lazy plan to the gaps, one from them: each eager step is a fixed cost on a small run)
+    k = k.lazy().sort(["rank", "source", "device", "ts"], maintain_order=True)
     k = k.with_columns(pl.struct("rank", "source", pl.col("device").fill_null(-1)).rle_id().alias("_dev"))
     k = k.with_columns(pl.col("end").cum_max().shift(1).over("_dev").alias("_busy_until"))
     k = k.with_columns((pl.col("ts") - pl.col("_busy_until")).clip(lower_bound=0).alias("_gap"))
     k = k.with_columns(((pl.col("_gap") > 0) & pl.col("_lts").is_not_null() & (pl.col("_lts") >= pl.col("_busy_until"))).fill_null(False).alias("_lb"))
+    k = k.collect(engine=POLARS_ENGINE)
     # A GPU that waits while the host fetches its next batch waits for data, not for launches (TQL210's case): the
     # part of a gap the host spent in a DataLoader fetch is not launch time.
     from traceql.link.input_pipeline import input_wait_ns
@@ -886,7 +888,7 @@ def launch_bound(run: Run) -> pl.DataFrame:
     k = k.with_columns(input_wait_ns(run, k, "_busy_until", "ts").alias("_in"))
     k = k.with_columns(pl.when(pl.col("_lb")).then((pl.col("_gap") - pl.col("_in")).clip(lower_bound=0)).otherwise(0).alias("_lgap"))
     per = ["rank", "step"]
-    out = k.group_by(per).agg(
+    out = k.lazy().group_by(per).agg(
         pl.len().cast(pl.Int64).alias("kernels"),
         (pl.col("dur").median() / 1e3).alias("median_kernel_us"),
         (pl.col("_gap").sum() / 1e6).alias("gap_ms"),
@@ -895,20 +897,20 @@ def launch_bound(run: Run) -> pl.DataFrame:
     )
     from traceql import intervals as measures
 
-    busy = measures.union(k.select("rank", "step", "ts", "end", "dur"), per).select(*per, pl.col("union_ms").alias("busy_ms"))
+    busy = measures.union(k.select("rank", "step", "ts", "end", "dur"), per).lazy().select(*per, pl.col("union_ms").alias("busy_ms"))
     from traceql.link import ensure
 
     # the step time every report uses: the longer of the host range and the GPU span (link.steps.step_times)
-    st = ensure(run, "step_times").select("rank", "step", "step_ms")
+    st = ensure(run, "step_times").lazy().select("rank", "step", "step_ms")
     out = out.join(busy, on=per, how="left").join(
-        st.with_columns(pl.col("rank").cast(out.schema["rank"]), pl.col("step").cast(out.schema["step"])), on=per, how="left")
+        st.with_columns(pl.col("rank").cast(k.schema["rank"]), pl.col("step").cast(k.schema["step"])), on=per, how="left")
     out = out.with_columns(
         pl.when(pl.col("step_ms") > 0).then(100.0 * pl.col("launch_gap_ms") / pl.col("step_ms")).alias("launch_gap_pct"),
         pl.when(pl.col("step_ms") > 0).then(100.0 * pl.col("busy_ms") / pl.col("step_ms")).alias("busy_pct"),
     )
     # the rank's median step: one step (the first, loading CUDA modules between launches) is not the run's habit
     out = out.with_columns(pl.col("launch_gap_pct").median().over("rank").alias("typical_launch_gap_pct"))
-    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort(per)
+    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort(per).collect(engine=POLARS_ENGINE)
 
 
 DERIVED = {"path_kernels": path_kernels, "host_cover": host_cover, "critical_path": critical_path, "exposed_comm": exposed_comm, "launch_bound": launch_bound}
