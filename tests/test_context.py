@@ -1,7 +1,7 @@
 """link/context.enclosing_op: the innermost host op spanning a moment on a thread, by an as-of join and a parent walk.
 
-The walk goes by row (ids packed into one searchable key) where ids allow it and by a join per level otherwise;
-both must name the same ops. Hand-made forests here, nested as Kineto's host ops are (one stack per thread).
+The walk goes point by point in Python for a few points, by row (ids packed into one searchable key) where ids
+allow it and by a join per level otherwise; all three must name the same ops. Hand-made forests here, nested as Kineto's host ops are (one stack per thread).
 """
 
 from __future__ import annotations
@@ -83,9 +83,17 @@ def test_the_walk_by_searched_rows_names_what_the_walk_by_joins_names(spans, mid
     shifted = _forest(spans, id0=-1000)
     tids = [1 + i % 3 for i in range(len(mids))] if own_thread else None
     pts = _points(mids, tids)
-    searched = _named(_run(ops), pts, tids=own_thread)
-    joined = _named(_run(shifted), pts, tids=own_thread)
-    assert searched == joined
+    from traceql.link import context
+
+    listed = _named(_run(ops), pts, tids=own_thread)  # a few points: the walk over lists in Python
+    few = context._WALK_IN_PYTHON
+    try:  # the vectorised walks, as from _WALK_IN_PYTHON points on
+        context._WALK_IN_PYTHON = 0
+        searched = _named(_run(ops), pts, tids=own_thread)
+        joined = _named(_run(shifted), pts, tids=own_thread)
+    finally:
+        context._WALK_IN_PYTHON = few
+    assert searched == joined == listed
     # and both are the innermost op spanning the moment (deepest; ties by latest start, then thread, then name)
     want = {}
     for g, m in enumerate(mids):

@@ -190,11 +190,14 @@ def _reference(run: Run) -> pl.DataFrame:
 
 
 @pytest.mark.parametrize("name", DIRS)
-@pytest.mark.parametrize("runs_from", [0, None])
-def test_vectorised_walk_equals_the_reference_walk(name, runs_from, monkeypatch):
-    # runs_from 0: the runs on every fixture (they are built only from _RUNS_FROM kernels on); None: as shipped
+@pytest.mark.parametrize("runs_from,charge_few", [(0, None), (None, None), (None, 0)], ids=["runs", "shipped", "joins"])
+def test_vectorised_walk_equals_the_reference_walk(name, runs_from, charge_few, monkeypatch):
+    # runs_from 0: the runs on every fixture (they are built only from _RUNS_FROM kernels on); None: as shipped.
+    # charge_few 0: every round's host gaps charged by the as-of joins (as from _CHARGE_FEW gaps on), not in Python
     if runs_from is not None:
         monkeypatch.setattr("traceql.link.critical_path._RUNS_FROM", runs_from)
+    if charge_few is not None:
+        monkeypatch.setattr("traceql.link.critical_path._CHARGE_FEW", charge_few)
     run = load_run(ROOT / name)
     got = link.ensure(run, "critical_path")
     assert_frame_equal(got, _reference(run))
@@ -236,3 +239,53 @@ def test_the_walk_split_per_rank_equals_the_reference_walk(name):
     assert_frame_equal(got, _reference(run))
     # a round asks each part only for entries (first kernel of a step, a collective kernel, a host-side arrival)
     assert all(e[0] in ("last", "after", "host") for need in asked for es in need.values() for e in es)
+
+
+@pytest.mark.parametrize("name", ["samples/demo", "fixtures/h200-loader-bound"])
+def test_gaps_charged_in_python_equal_the_joins(name):
+    # every gap whose ends sit on, just before and just after the edges of the host's segments (and a rank with none):
+    # the bisection over lists gives the as-of joins' split to the nanosecond
+    from traceql.link import critical_path as cp
+
+    run = load_run(ROOT / name)
+    part = cp.part_of_run(run)
+    cov = link.ensure(run, "host_cover")
+    edges = sorted({(int(r), t + d) for r, a, b in cov.select("rank", "seg_ts", "seg_end").iter_rows()
+                    for t in (a, b) for d in (-1, 0, 1)})
+    gaps = [(r, a, b) for (r, a), (r2, b) in zip(edges, edges[7::3]) if r == r2 and b >= a] + [(99, 0, 10**12)]
+    assert len(gaps) > 100
+    g = pl.DataFrame(gaps, schema={"rank": pl.Int64, "a": pl.Int64, "b": pl.Int64}, orient="row")
+    joins = part.host.charge(g).select("launch", "sync", "input", "comm", "other").rows()
+    assert part.host.charge_few(gaps) == joins
+    assert any(sum(x[:4]) for x in joins)  # some gaps fall on the host's recorded work, not all on "other"
+
+
+def _host_cover_per_union(run: Run) -> pl.DataFrame:
+    """host_cover as it was built: each union's segments on their own, concatenated in the unions' order."""
+    from traceql import intervals
+    from traceql.link.critical_path import HOST_COVER_SCHEMA, _below_steps
+    from traceql.link.input_pipeline import LOADER_NEXT
+
+    rt = run.table("runtime")
+    covers = {
+        "loader": run.table("host_ops").filter(pl.col("name").str.contains(LOADER_NEXT)).select("rank", "ts", "end"),
+        "sync": rt.filter((pl.col("kind") == "sync") & ~pl.col("name").str.contains("Query")).select("rank", "ts", "end"),
+        "ops": pl.concat([_below_steps(run).select("rank", "ts", "end"), rt.select("rank", "ts", "end")]),
+        "host_comm": run.table("collectives").filter(pl.col("kernel_ts").is_null() & pl.col("kernel_end").is_null())
+        .select("rank", "ts", "end"),
+    }
+    parts = []
+    for name, df in covers.items():
+        df = df.filter(pl.col("rank").is_not_null() & pl.col("ts").is_not_null() & pl.col("end").is_not_null()) \
+            .with_columns(pl.col("rank").cast(pl.Int32))
+        if df.height:
+            parts.append(intervals.segments(df, ["rank"]).select("rank", pl.lit(name).alias("cover"), "seg_ts", "seg_end"))
+    if not parts:
+        return pl.DataFrame(schema=HOST_COVER_SCHEMA)
+    return pl.concat([p.select([pl.col(c).cast(t) for c, t in HOST_COVER_SCHEMA.items()]) for p in parts])
+
+
+@pytest.mark.parametrize("name", DIRS)
+def test_host_cover_in_one_pass_equals_each_union_on_its_own(name):
+    run = load_run(ROOT / name)
+    assert_frame_equal(link.ensure(run, "host_cover"), _host_cover_per_union(run))

@@ -6,11 +6,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from traceql.link._keys import first_match, packed_key
-from traceql.link.critical_path import _prev_on_device
 from traceql.pipeline import load_run
 from traceql.rules.engine import evaluate
 from traceql.rules.loader import load_rules
@@ -56,7 +56,17 @@ _kernel = st.tuples(st.integers(0, 1), st.one_of(st.none(), st.integers(0, 1)), 
 def test_prev_on_device_is_the_latest_ending_earlier_activity(rows):
     k = pl.DataFrame([(r, 0, d, ts, ts + dur) for r, d, ts, dur in rows],
                      schema={"rank": pl.Int32, "source": pl.Int32, "device": pl.Int32, "ts": pl.Int64, "end": pl.Int64}, orient="row")
-    got = _prev_on_device(k)
+    import traceql.link.critical_path as cp
+
+    few = cp._PREV_IN_PYTHON
+    try:  # both paths: polars per device (from _PREV_IN_PYTHON kernels on), and Python below it
+        cp._PREV_IN_PYTHON = 0
+        big = cp._prev_and_order(k)
+        cp._PREV_IN_PYTHON = 1 << 30
+        got, order = cp._prev_and_order(k)
+    finally:
+        cp._PREV_IN_PYTHON = few
+    assert got.equals(big[0]) and order.equals(big[1]), (got, big)
     dev = [(-1 if d is None else d) for _, d, _, _ in rows]
     for i, (r, _, ts, _) in enumerate(rows):
         # rows of the device ordered by (end, row): the last one that ended at or before i started, other than i
@@ -124,3 +134,74 @@ def test_union_is_the_sweeps_selected_time(rows):
             if (r2, s2) == (r, s):
                 covered.update(range(ts, ts + d))
         assert round(ms * 1e6) == len(covered)
+
+
+@pytest.mark.parametrize("name", ["h200-host-sync-per-step", "h200-loader-bound", "h200-straggler", "h200-exposed-allreduce-nsys"])
+def test_host_ops_named_by_the_walk_in_python_equal_the_vectorised_walks(name, monkeypatch):
+    # gpu_idle_gaps and blocking_calls name what the host was doing; a few points walk their parents in Python
+    from polars.testing import assert_frame_equal
+
+    from traceql import link
+
+    tables = ("gpu_idle_gaps", "blocking_calls")
+    run = load_run(FIXTURES / name, use_cache=False)
+    shipped = [link.ensure(run, t) for t in tables]
+    monkeypatch.setattr("traceql.link.context._WALK_IN_PYTHON", 0)
+    run = load_run(FIXTURES / name, use_cache=False)
+    for got, t in zip(shipped, tables):
+        assert_frame_equal(got, link.ensure(run, t))
+    assert shipped[0]["host_op"].drop_nulls().len() > 0
+
+
+_GPU = sorted(p.parent.name for p in FIXTURES.glob("h200*/manifest.json"))
+
+
+@pytest.mark.parametrize("name", _GPU)
+def test_step_breakdown_unions_in_one_sweep_are_intervals_coverage_and_union(name):
+    # step_breakdown takes its four unions from one keyed sweep; the plain definitions: intervals.union of all and of
+    # the compute kernels, intervals.coverage of comm against compute, per rank and step
+    from polars.testing import assert_frame_equal
+
+    from traceql import intervals, link
+
+    run = load_run(FIXTURES / name, use_cache=False)
+    got = link.ensure(run, "step_breakdown").filter(pl.col("step").is_not_null())
+    k = run.table("kernels").filter(pl.col("step").is_not_null() & pl.col("rank").is_in(got["rank"].unique().implode()))
+    per = ["rank", "step"]
+    want = intervals.union(k, per).select(*per, pl.col("union_ms").alias("busy_ms")).join(
+        intervals.union(k.filter(pl.col("kind") == "compute"), per).select(*per, pl.col("union_ms").alias("compute_ms")),
+        on=per, how="left")
+    comm = k.filter(pl.col("kind") == "comm")
+    cols = ["comm_ms", "overlap_ms", "exposed_comm_ms", "comm_comp_overlap_pct"]
+    if comm.height:
+        cov = intervals.coverage(comm, k.filter(pl.col("kind") == "compute"), per).select(
+            *per, pl.col("sel_ms").alias("comm_ms"), "overlap_ms", pl.col("exposed_ms").alias("exposed_comm_ms"),
+            pl.col("overlap_pct").alias("comm_comp_overlap_pct"))
+        want = want.join(cov, on=per, how="left")
+    else:
+        want = want.with_columns(pl.lit(None, pl.Float64).alias(c) for c in cols)
+    want = want.with_columns(pl.col("compute_ms", *cols[:3]).fill_null(0.0))
+    want = want.with_columns(pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int64)).sort(per)
+    assert_frame_equal(got.select(want.columns), want, check_exact=True)
+    if name.startswith("h200x2-ddp"):  # NCCL kernels under compute: the overlap's identity is exercised, not only unions
+        assert got["comm_ms"].sum() > 0 and got["overlap_ms"].sum() > 0
+
+
+@pytest.mark.parametrize("name", ["h200x2-ddp-eager", "h200x2-straggler", "cpu-exposed-allreduce", "cpu8-fsdp2-eager"])
+def test_comm_coverage_from_one_sweep_is_intervals_coverage(name):
+    # comm_coverage's three unions come from one keyed sweep: the numbers intervals.coverage gives, GPU and host side
+    from polars.testing import assert_frame_equal
+
+    from traceql import intervals, link
+
+    run = load_run(FIXTURES / name, use_cache=False)
+    got = link.ensure(run, "comm_coverage")
+    a = link.ensure(run, "activity").filter(pl.col("step").is_not_null())
+    per = ["rank", "step", "side", "source"]
+    cov = intervals.coverage(a.filter(pl.col("kind") == "comm"), a.filter(pl.col("kind") == "compute"), per)
+    want = cov.select(*per, pl.col("sel_ms").alias("comm_ms"), pl.col("against_ms").alias("compute_ms"), "overlap_ms",
+                      pl.col("exposed_ms").alias("exposed_comm_ms"), pl.col("overlap_pct").alias("comm_comp_overlap_pct"))
+    assert a.group_by("rank").agg(pl.col("source").n_unique())["source"].max() == 1  # no source to pick between
+    assert got.height == want.height > 0
+    keys = ["rank", "step", "side"]
+    assert_frame_equal(got.sort(keys), want.select(got.columns).sort(keys), check_dtypes=False, check_exact=True)

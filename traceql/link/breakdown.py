@@ -22,6 +22,27 @@ from traceql import intervals as measures
 _PER = ["rank", "step"]
 
 
+def keyed_unions(frames: list[pl.DataFrame], per: list[str]) -> pl.LazyFrame:
+    """_t, per, _u: the union (ns) of each frame's intervals per group (_t: the frame's place in the list), all of them
+    in one sweep (intervals.union_ns keyed by _t) instead of a sweep and its fixed cost per union."""
+    tagged = pl.concat([d.lazy().select(pl.lit(t, dtype=pl.Int8).alias("_t"), *per, "ts", "end") for t, d in enumerate(frames)])
+    clean = pl.col("ts").is_not_null() & pl.col("end").is_not_null() & (pl.col("end") >= pl.col("ts"))
+    for c in per:
+        clean = clean & pl.col(c).is_not_null()
+    return measures.union_ns(tagged.filter(clean).collect(engine=POLARS_ENGINE), ["_t", *per]).lazy()
+
+
+def overlap_columns(df: pl.LazyFrame, comm: str, comp: str, both: str) -> pl.LazyFrame:
+    """comm_ms, overlap_ms, exposed_comm_ms and comm_comp_overlap_pct from the unions (ns) of communication, compute
+    and both, as intervals.coverage computes them (|A ∩ B| = |A| + |B| - |A ∪ B|); null where comm is."""
+    df = df.with_columns((pl.col(comm) + pl.col(comp).fill_null(0) - pl.col(both)).alias("_i")).with_columns(
+        (pl.col(comm) / measures.NS_PER_MS).alias("comm_ms"), (pl.col("_i") / measures.NS_PER_MS).alias("overlap_ms"))
+    return df.with_columns(
+        (pl.col("comm_ms") - pl.col("overlap_ms")).clip(lower_bound=0.0).alias("exposed_comm_ms"),
+        pl.when(pl.col("comm_ms") > 0).then(pl.col("overlap_ms") / pl.col("comm_ms") * 100.0).otherwise(None)
+        .alias("comm_comp_overlap_pct")).drop("_i")
+
+
 def step_breakdown(run: Run) -> pl.DataFrame:
     from traceql.link import ensure
 
@@ -38,21 +59,31 @@ def step_breakdown(run: Run) -> pl.DataFrame:
     k = k.with_columns(
         pl.when(pl.col("rank").is_in(list(ranks_with_steps))).then(pl.col("step")).otherwise(pl.lit(-1)).alias("step")
     ).filter(pl.col("step").is_not_null())
-    comm = k.filter(pl.col("kind") == "comm")
-    compute = k.filter(pl.col("kind") == "compute")
-    cov = measures.coverage(comm, compute, _PER) if comm.height else pl.DataFrame(schema={"rank": pl.Int32, "step": pl.Int64})
-    busy = measures.union(k, _PER).rename({"n": "n_all"})
-    comp_u = measures.union(compute, _PER).select(*_PER, pl.col("union_ms").alias("compute_ms"))
-    span = k.group_by(_PER).agg(((pl.col("end").max() - pl.col("ts").min()) / 1e6).alias("gpu_span_ms"))
-    kt = k.filter(pl.col("kind").is_in(["compute", "comm"])).group_by(_PER).agg(
+    # the four unions (all kernels, compute, comm, and comm with compute for their overlap) in one sweep, keyed by
+    # which union: |comm ∩ compute| = |comm| + |compute| - |comm ∪ compute| (intervals.coverage's identity)
+    sel = k.filter(pl.col("kind").is_in(["compute", "comm"]))
+    has_comm = (sel["kind"] == "comm").any()
+    parts = [k, sel.filter(pl.col("kind") == "compute")] + ([sel.filter(pl.col("kind") == "comm"), sel] if has_comm else [])
+    u = keyed_unions(parts, _PER)
+
+    def union_of(t: int, name: str) -> pl.LazyFrame:
+        return u.filter(pl.col("_t") == t).select(*_PER, pl.col("_u").alias(name))
+
+    lk = k.lazy()
+    span = lk.group_by(_PER).agg(((pl.col("end").max() - pl.col("ts").min()) / 1e6).alias("gpu_span_ms"))
+    kt = lk.filter(pl.col("kind").is_in(["compute", "comm"])).group_by(_PER).agg(
         (pl.col("dur").sum() / 1e6).alias("kernel_time_ms"), pl.len().cast(pl.Int64).alias("kernels")
     )
-    out = span.join(busy.select(*_PER, pl.col("union_ms").alias("busy_ms")), on=_PER, how="left")
-    out = out.join(comp_u, on=_PER, how="left").join(kt, on=_PER, how="left")
-    if comm.height:
-        out = out.join(cov.select(*_PER, pl.col("sel_ms").alias("comm_ms"), "overlap_ms", pl.col("exposed_ms").alias("exposed_comm_ms"), pl.col("overlap_pct").alias("comm_comp_overlap_pct")), on=_PER, how="left")
+    out = span.join(union_of(0, "_busy"), on=_PER, how="left").join(union_of(1, "_comp"), on=_PER, how="left")
+    out = out.join(kt, on=_PER, how="left")
+    if has_comm:
+        out = out.join(union_of(2, "_comm"), on=_PER, how="left").join(union_of(3, "_both"), on=_PER, how="left")
+        # coverage's numbers, null where the step has no communication (as its left join leaves them)
+        out = overlap_columns(out, "_comm", "_comp", "_both")
     else:
         out = out.with_columns(pl.lit(None, pl.Float64).alias(c) for c in ("comm_ms", "overlap_ms", "exposed_comm_ms", "comm_comp_overlap_pct"))
+    out = out.with_columns((pl.col("_busy") / measures.NS_PER_MS).alias("busy_ms"),
+                           (pl.col("_comp") / measures.NS_PER_MS).alias("compute_ms"))
     out = out.with_columns(
         pl.col("compute_ms", "kernel_time_ms").fill_null(0.0),
         pl.col("kernels").fill_null(0),
@@ -63,15 +94,16 @@ def step_breakdown(run: Run) -> pl.DataFrame:
     # since the previous work, e.g. the loop waiting for its next batch), not span minus busy of the step's kernels:
     # when the host runs ahead, one step's kernels are spread between others' and that difference is not idle.
     # Of two sources of one rank (their clocks differ) the one with more idle is kept, never their sum.
-    g = ensure(run, "gpu_idle_gaps").group_by(["rank", "source", "step"]).agg(pl.col("gap_ms").sum().alias("_gap_ms"))
+    rank_t = k.schema["rank"]
+    g = ensure(run, "gpu_idle_gaps").lazy().group_by(["rank", "source", "step"]).agg(pl.col("gap_ms").sum().alias("_gap_ms"))
     g = g.group_by(_PER).agg(pl.col("_gap_ms").max())
-    out = out.join(g.with_columns(pl.col("rank").cast(out.schema["rank"])), on=_PER, how="left").with_columns(
+    out = out.join(g.with_columns(pl.col("rank").cast(rank_t)), on=_PER, how="left").with_columns(
         pl.when(pl.col("step") == -1).then(pl.col("idle_ms")).otherwise(pl.col("_gap_ms").fill_null(0.0)).alias("idle_ms")
     ).drop("_gap_ms")
-    st = steps.select("rank", "source", "step", (pl.col("dur") / 1e6).alias("step_ms")).group_by(["rank", "step"]).agg(pl.col("step_ms").max())
-    out = out.join(st.with_columns(pl.col("rank").cast(out.schema["rank"])), on=_PER, how="left")
+    st = steps.lazy().select("rank", "source", "step", (pl.col("dur") / 1e6).alias("step_ms")).group_by(["rank", "step"]).agg(pl.col("step_ms").max())
+    out = out.join(st.with_columns(pl.col("rank").cast(rank_t)), on=_PER, how="left")
     out = out.with_columns(pl.when(pl.col("step") == -1).then(None).otherwise(pl.col("step")).alias("step"))
-    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort(_PER, nulls_last=True)
+    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort(_PER, nulls_last=True).collect(engine=POLARS_ENGINE)
 
 
 HOST_OP_MIN_GAP_MS = 0.05  # gaps shorter than this get no host_op (rules report gaps of a millisecond and more)
@@ -124,10 +156,9 @@ def gpu_idle_gaps(run: Run) -> pl.DataFrame:
         return pl.DataFrame(schema=GAP_SCHEMA)
     # what the host was doing, for gaps that can matter: a trace has a gap of a few microseconds between most
     # kernels, and naming each would cost an as-of join per gap for nothing
-    named = g.filter(pl.col("gap_ms") >= HOST_OP_MIN_GAP_MS)
-    named = host_context(run, measures.short_names(named, ["prev_name", "next_name"]))
-    rest = measures.short_names(g.filter(pl.col("gap_ms") < HOST_OP_MIN_GAP_MS), ["prev_name", "next_name"]).with_columns(
-        pl.lit(None, pl.Utf8).alias("host_op"))
+    g = measures.short_names(g, ["prev_name", "next_name"])  # row by row: once for both parts
+    named = host_context(run, g.filter(pl.col("gap_ms") >= HOST_OP_MIN_GAP_MS))
+    rest = g.filter(pl.col("gap_ms") < HOST_OP_MIN_GAP_MS).with_columns(pl.lit(None, pl.Utf8).alias("host_op"))
     g = pl.concat([named.select(rest.columns), rest])
     g = g.with_columns((input_wait_ns(run, g, "gap_ts", "gap_end") / 1e6).alias("input_wait_ms"))
     return g.select([pl.col(c).cast(t) for c, t in GAP_SCHEMA.items()]).sort("rank", "source", "device", "gap_ts")

@@ -56,6 +56,8 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
         j = gt.join_asof(right.sort("ts"), left_on="_mid", right_on="ts", by=[*key, "tid"], strategy="backward", check_sortedness=False)
         j = j.filter(pl.col("id").is_not_null()).select("_gid", *key, "tid", "_mid", "id", "_r").collect(engine=POLARS_ENGINE)
         levels = 32 if depth is None else 1
+        if j.height < _WALK_IN_PYTHON and t.height < _WALK_OPS_IN_PYTHON and _walk_listed(picks, full, t, j, key, depth, levels):
+            continue
         look = _by_id(t, key)
         if look is None:  # ids repeat within a rank and source, or the key does not fit one integer: join per level
             _walk_joined(picks, full, t, j, key, depth, levels)
@@ -68,6 +70,44 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
     # name, so the choice does not depend on the order joins return rows in
     allp = allp.sort(["_gid", "depth", "ts", "tid", "name"], descending=[False, True, True, False, False], nulls_last=True)
     return allp.group_by("_gid", maintain_order=True).first().select("_gid", pl.col("name").alias("host_op")).collect(engine=POLARS_ENGINE)
+
+
+# below this many points the parent walk runs in Python over the ops as lists (_walk_listed): a level of the
+# vectorised walks costs ~1 ms of polars queries however few points climb it (while the ops, taken as lists once,
+# are few too: a large trace's few points walk faster by searching its ops than by listing them)
+_WALK_IN_PYTHON = 1_000
+_WALK_OPS_IN_PYTHON = 16_384
+
+
+def _walk_listed(picks, full, t, j, key, depth, levels) -> bool:
+    """The parent walk point by point over t's columns as lists, a dict from (key, id) to row for the parents: the
+    same hits as _walk_searched. False (nothing done) where a key column or id has nulls or ids repeat within a key:
+    there _walk_joined's semantics hold."""
+    cols = [*key, "id"]
+    if any(t[c].null_count() for c in cols):
+        return False
+    row_of = {k: r for r, k in enumerate(zip(*(t[c].to_list() for c in cols)))}
+    if len(row_of) != t.height:
+        return False
+    ts, end, row = t["ts"].to_list(), t["end"].to_list(), t["_row"].to_list()
+    parent = t["parent"].to_list() if "parent" in t.columns else [None] * t.height
+    dep = t["depth"].to_list() if depth is None else [depth] * t.height
+    hits: dict[str, list] = {"_gid": [], "_row": [], "depth": [], "ts": [], "tid": []}
+    for gid, *kv, tid, mid, r in j.select("_gid", *key, "tid", "_mid", "_r").iter_rows():
+        for _ in range(levels):
+            if ts[r] is None or end[r] is None:  # an op without an interval neither spans the point nor climbs
+                break
+            if ts[r] <= mid <= end[r]:
+                for c, v in zip(hits, (gid, row[r], dep[r], ts[r], tid)):
+                    hits[c].append(v)
+                break
+            r = row_of.get((*kv, parent[r]))  # None where the parent is no op here (no parent: no key has None)
+            if r is None:
+                break
+    h = pl.DataFrame(hits, schema={"_gid": j.schema["_gid"], "_row": pl.Int64, "depth": pl.Int32,
+                                   "ts": t.schema["ts"], "tid": pl.Int64})
+    picks.append(h.select("_gid", name=full["name"].gather(h["_row"]), depth="depth", ts="ts", tid="tid").lazy())
+    return True
 
 
 def _walk_joined(picks, full, t, j, key, depth, levels):

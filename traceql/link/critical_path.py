@@ -50,6 +50,7 @@ from array import array
 
 import polars as pl
 
+from traceql.link import POLARS_ENGINE
 from traceql.link._keys import first_match
 from traceql.model import Run
 
@@ -109,15 +110,16 @@ def host_cover(run: Run) -> pl.DataFrame:
         "host_comm": run.table("collectives").filter(pl.col("kernel_ts").is_null() & pl.col("kernel_end").is_null())
         .select("rank", "ts", "end"),
     }
-    parts = []
-    for name, df in covers.items():
-        df = df.filter(pl.col("rank").is_not_null() & pl.col("ts").is_not_null() & pl.col("end").is_not_null()) \
-            .with_columns(pl.col("rank").cast(pl.Int32))
-        if df.height:
-            parts.append(intervals.segments(df, ["rank"]).select("rank", pl.lit(name).alias("cover"), "seg_ts", "seg_end"))
-    if not parts:
+    # the four unions in one pass: segments per (union, rank), in the unions' order above, then rank and start
+    df = pl.concat([d.lazy().select(pl.lit(i, dtype=pl.Int8).alias("_c"), pl.col("rank").cast(pl.Int32), "ts", "end")
+                    for i, d in enumerate(covers.values())]).filter(
+        pl.col("rank").is_not_null() & pl.col("ts").is_not_null() & pl.col("end").is_not_null()).collect(engine=POLARS_ENGINE)
+    if df.height == 0:
         return pl.DataFrame(schema=HOST_COVER_SCHEMA)
-    return pl.concat([p.select([pl.col(c).cast(t) for c, t in HOST_COVER_SCHEMA.items()]) for p in parts])
+    names = dict(enumerate(covers))
+    return intervals.segments(df, ["_c", "rank"]).select(
+        "rank", pl.col("_c").replace_strict(names, return_dtype=pl.Utf8).alias("cover"), "seg_ts", "seg_end") \
+        .select([pl.col(c).cast(t) for c, t in HOST_COVER_SCHEMA.items()])
 
 
 _NO_TIME = -(1 << 63)
@@ -153,6 +155,8 @@ def _prev_and_order(k: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
     cross-stream predecessor), instead of a Python sort and a bisect per visited kernel. Also the rows in that order,
     device by device (_run_sums' order)."""
     n = k.height
+    if n < _PREV_IN_PYTHON:
+        return _prev_and_order_few(k)
     out = pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("_prev")
     keyed = k.select("rank", "source", pl.col("device").fill_null(-1), "ts", "end").with_row_index("_row")
     parts, orders = [], []
@@ -172,6 +176,37 @@ def _prev_and_order(k: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
         return out, pl.Series("_row", [], dtype=pl.Int64)
     allp = pl.concat(parts)
     return out.scatter(allp["_row"], allp["_p"]), pl.concat(orders)
+
+
+# below this many kernels _prev_and_order searches in Python: its polars queries cost ~0.5 ms per device
+_PREV_IN_PYTHON = 8_192
+
+
+def _prev_and_order_few(k: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
+    """_prev_and_order by a sort and a bisection per device in Python (the same rows: ends sorted with ties by row,
+    the last end at or before the start, never the kernel itself; devices in order of first appearance)."""
+    from bisect import bisect_right
+
+    dev: dict[tuple, list[int]] = {}
+    for i, key in enumerate(zip(k["rank"].to_list(), k["source"].to_list(), k["device"].fill_null(-1).to_list())):
+        v = dev.get(key)
+        if v is None:
+            v = dev[key] = []
+        v.append(i)
+    ts, end = k["ts"].to_list(), k["end"].to_list()
+    prev: list[int | None] = [None] * k.height
+    order: list[int] = []
+    for rows in dev.values():
+        by_end = sorted(rows, key=lambda i: (end[i], i))
+        ends = [end[i] for i in by_end]
+        for i in rows:
+            j = bisect_right(ends, ts[i]) - 1
+            if j >= 0 and by_end[j] == i:  # the kernel itself (no duration): the one before it
+                j -= 1
+            if j >= 0:
+                prev[i] = by_end[j]
+        order.extend(by_end)
+    return pl.Series("_prev", prev, dtype=pl.Int64), pl.Series("_row", order, dtype=pl.Int64)
 
 
 def _below_steps(run: Run) -> pl.DataFrame:
@@ -211,7 +246,9 @@ class _HostView:
     def __init__(self, cov: pl.DataFrame, ci: pl.DataFrame | None, k: pl.DataFrame):
         """cov: the ranks' host_cover on the aligned clock; ci: their rows of collective_instances (None: the run has
         no collectives); k: their kernels, aligned."""
-        self.cover = {c: self._cover(cov, c) for c in ("loader", "sync", "ops", "host_comm")}
+        self._cov = cov
+        self.cover_rows = cov.height
+        self._covers: dict[str, pl.DataFrame] | None = None
         self.waits: dict[int, tuple[list[int], list[tuple[int, int]]]] = {}
         if ci is not None:
             ci = host_waits(ci)
@@ -219,6 +256,7 @@ class _HostView:
                 self.waits[int(r)] = (g["wait_end"].to_list(), list(zip(g["arrival"].to_list(), g["last_arriver"].to_list())))
         self._k = k.select("rank", "end")
         self._by_end: dict | None = None
+        self._lists: dict | None = None  # charge_few's unions as lists, built on its first call
 
     @property
     def by_end(self) -> dict[int, tuple[list[int], list[int]]]:
@@ -229,6 +267,14 @@ class _HostView:
             self._by_end = {int(r): (g["end"].to_list(), g["_row"].to_list())
                             for (r,), g in kk.partition_by("rank", as_dict=True, maintain_order=True).items()}
         return self._by_end
+
+    @property
+    def cover(self) -> dict[str, pl.DataFrame]:
+        """host_cover's unions per rank for charge's joins: built on its first call (a small run's walk charges its
+        gaps in Python, charge_few)."""
+        if self._covers is None:
+            self._covers = {c: self._cover(self._cov, c) for c in ("loader", "sync", "ops", "host_comm")}
+        return self._covers
 
     @staticmethod
     def _cover(cov: pl.DataFrame, name: str) -> pl.DataFrame:
@@ -280,6 +326,47 @@ class _HostView:
         g = g.with_columns(pl.min_horizontal(pl.col("_rest"), pl.col("_ops")).alias("launch"))
         return g.with_columns((pl.col("_rest") - pl.col("launch")).alias("other"))
 
+    def charge_few(self, gaps: list[tuple[int, int, int]]) -> list[tuple[int, int, int, int, int]]:
+        """charge's split, (launch, sync, input, comm, other) per gap (rank, a, b), by bisection over the unions as
+        Python lists: for the few gaps of a small run's walk, where charge's eight as-of joins cost more than the
+        gaps (identical integers: the same sums and minima)."""
+        from bisect import bisect_right
+
+        if self._lists is None:
+            # per union and rank: segment starts, ends and the covered time before each, in start order (_cover's)
+            self._lists = {c: {} for c in ("loader", "sync", "ops", "host_comm")}
+            cov = self._cov.sort("cover", "rank", "seg_ts")
+            for c, r, a, b in zip(*(cov[col].to_list() for col in ("cover", "rank", "seg_ts", "seg_end"))):
+                per = self._lists.get(c)
+                if per is None:
+                    continue
+                v = per.get(r)
+                if v is None:
+                    v = per[r] = ([], [], [], [0])
+                v[0].append(a)
+                v[1].append(b)
+                v[2].append(v[3][0])
+                v[3][0] += b - a
+
+        def upto(per, r, t):  # _upto for one point
+            v = per.get(r)
+            if v is None:
+                return 0
+            i = bisect_right(v[0], t) - 1
+            return v[2][i] + min(t, v[1][i]) - v[0][i] if i >= 0 else 0
+
+        loader, host_comm, sync_, ops = (self._lists[c] for c in ("loader", "host_comm", "sync", "ops"))
+        out = []
+        for r, a, b in gaps:
+            span = b - a
+            inp = max(0, upto(loader, r, b) - upto(loader, r, a))
+            comm = min(span - inp, max(0, upto(host_comm, r, b) - upto(host_comm, r, a)))
+            sync = min(span - inp - comm, max(0, upto(sync_, r, b) - upto(sync_, r, a)))
+            rest = span - inp - comm - sync
+            launch = min(rest, max(0, upto(ops, r, b) - upto(ops, r, a)))
+            out.append((launch, sync, inp, comm, rest - launch))
+        return out
+
     def wait(self, r: int, a: int, b: int) -> tuple[int, int] | None:
         """(end of the wait, late rank) of rank r's latest host-side collective wait for another rank that ends
         inside (a, b]."""
@@ -305,6 +392,11 @@ class _HostView:
 
 
 _GUARD = 10_000_000
+# below this many host gaps in a round of segments, they are charged in Python (_HostView.charge_few): a small run's
+# walk has tens of gaps per round, and charge's joins cost ~1 ms each whatever their size (and while host_cover is
+# short enough that taking it as lists once costs less than a few rounds of joins)
+_CHARGE_FEW = 500
+_CHARGE_FEW_COVER = 1 << 16
 # below this many kernels the walk's own code is quicker than building the runs (a fixed ~0.05 s of polars queries)
 _RUNS_FROM = 20_000
 _NEVER = 1 << 62
@@ -515,7 +607,12 @@ class _Part:
             sums, ex, g = self._segment(*e)
             gaps.extend((len(out), r, a, b) for r, a, b in g)
             out[e] = (sums, ex)
-        if gaps:
+        if gaps and len(gaps) < _CHARGE_FEW and self.host.cover_rows < _CHARGE_FEW_COVER:
+            keys = list(out)
+            for (kk, _, _, _), hp in zip(gaps, self.host.charge_few([g[1:] for g in gaps])):
+                sums, ex = out[keys[kk]]
+                out[keys[kk]] = (sums[:4] + tuple(a + b for a, b in zip(sums[4:], hp)), ex)
+        elif gaps:
             g = pl.DataFrame(gaps, schema={"_k": pl.Int64, "rank": pl.Int64, "a": pl.Int64, "b": pl.Int64}, orient="row")
             per = self.host.charge(g).group_by("_k").agg(pl.col("launch", "sync", "input", "comm", "other").sum())
             keys = list(out)
@@ -777,11 +874,13 @@ def launch_bound(run: Run) -> pl.DataFrame:
     k = first_match(k, rt, ["rank", "source", "correlation"])
     # rows of a device are contiguous once sorted: number them by run, so the window hashes one integer key
     # (a stable sort of nearly sorted rows is also much faster than an unstable one)
-    k = k.sort(["rank", "source", "device", "ts"], maintain_order=True)
+    # (one lazy plan to the gaps, one from them: each eager step is a fixed cost on a small run)
+    k = k.lazy().sort(["rank", "source", "device", "ts"], maintain_order=True)
     k = k.with_columns(pl.struct("rank", "source", pl.col("device").fill_null(-1)).rle_id().alias("_dev"))
     k = k.with_columns(pl.col("end").cum_max().shift(1).over("_dev").alias("_busy_until"))
     k = k.with_columns((pl.col("ts") - pl.col("_busy_until")).clip(lower_bound=0).alias("_gap"))
     k = k.with_columns(((pl.col("_gap") > 0) & pl.col("_lts").is_not_null() & (pl.col("_lts") >= pl.col("_busy_until"))).fill_null(False).alias("_lb"))
+    k = k.collect(engine=POLARS_ENGINE)
     # A GPU that waits while the host fetches its next batch waits for data, not for launches (TQL210's case): the
     # part of a gap the host spent in a DataLoader fetch is not launch time.
     from traceql.link.input_pipeline import input_wait_ns
@@ -789,7 +888,7 @@ def launch_bound(run: Run) -> pl.DataFrame:
     k = k.with_columns(input_wait_ns(run, k, "_busy_until", "ts").alias("_in"))
     k = k.with_columns(pl.when(pl.col("_lb")).then((pl.col("_gap") - pl.col("_in")).clip(lower_bound=0)).otherwise(0).alias("_lgap"))
     per = ["rank", "step"]
-    out = k.group_by(per).agg(
+    out = k.lazy().group_by(per).agg(
         pl.len().cast(pl.Int64).alias("kernels"),
         (pl.col("dur").median() / 1e3).alias("median_kernel_us"),
         (pl.col("_gap").sum() / 1e6).alias("gap_ms"),
@@ -798,20 +897,20 @@ def launch_bound(run: Run) -> pl.DataFrame:
     )
     from traceql import intervals as measures
 
-    busy = measures.union(k.select("rank", "step", "ts", "end", "dur"), per).select(*per, pl.col("union_ms").alias("busy_ms"))
+    busy = measures.union(k.select("rank", "step", "ts", "end", "dur"), per).lazy().select(*per, pl.col("union_ms").alias("busy_ms"))
     from traceql.link import ensure
 
     # the step time every report uses: the longer of the host range and the GPU span (link.steps.step_times)
-    st = ensure(run, "step_times").select("rank", "step", "step_ms")
+    st = ensure(run, "step_times").lazy().select("rank", "step", "step_ms")
     out = out.join(busy, on=per, how="left").join(
-        st.with_columns(pl.col("rank").cast(out.schema["rank"]), pl.col("step").cast(out.schema["step"])), on=per, how="left")
+        st.with_columns(pl.col("rank").cast(k.schema["rank"]), pl.col("step").cast(k.schema["step"])), on=per, how="left")
     out = out.with_columns(
         pl.when(pl.col("step_ms") > 0).then(100.0 * pl.col("launch_gap_ms") / pl.col("step_ms")).alias("launch_gap_pct"),
         pl.when(pl.col("step_ms") > 0).then(100.0 * pl.col("busy_ms") / pl.col("step_ms")).alias("busy_pct"),
     )
     # the rank's median step: one step (the first, loading CUDA modules between launches) is not the run's habit
     out = out.with_columns(pl.col("launch_gap_pct").median().over("rank").alias("typical_launch_gap_pct"))
-    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort(per)
+    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort(per).collect(engine=POLARS_ENGINE)
 
 
 DERIVED = {"path_kernels": path_kernels, "host_cover": host_cover, "critical_path": critical_path, "exposed_comm": exposed_comm, "launch_bound": launch_bound}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from traceql.link import POLARS_ENGINE
 from traceql.link import _keys as keys
 from traceql.model import Run
 
@@ -52,10 +53,12 @@ def gpu_time_util(run: Run) -> pl.DataFrame:
     k = keys.join(k, best, ["rank", "source"], how="semi")
     k = _in_steps(run, k)
     key = ["rank", "device"]
+    # the rest as one lazy plan (it was a dozen eager queries, each a fixed cost on a small run)
+    k = k.lazy()
     span = k.group_by(key).agg(pl.col("ts").min().alias("t0"), pl.col("end").max().alias("t1"))
     # Chunk length rounded up to whole ns, as nsys does; the last chunk may then end past t1 and is cut there.
     span = span.with_columns(((pl.col("t1") - pl.col("t0") + CHUNKS - 1) // CHUNKS).clip(lower_bound=1).alias("size"))
-    ops = keys.join(k.select(*key, "ts", "end"), span, key)
+    ops = k.select(*key, "ts", "end").join(span, on=key, how="inner")
     ops = ops.with_columns(
         ((pl.col("ts") - pl.col("t0")) // pl.col("size")).alias("c0"),
         ((pl.col("end") - 1 - pl.col("t0")).clip(lower_bound=0) // pl.col("size")).alias("c1"),
@@ -74,7 +77,7 @@ def gpu_time_util(run: Run) -> pl.DataFrame:
         (pl.col("busy") / 1e6).alias("busy_ms"),
     ).with_columns((100.0 * pl.col("busy_ms") / pl.col("chunk_ms")).alias("util_pct"))
     out = out.with_columns(pl.lit(None, dtype=pl.Int64).alias("step"))
-    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort(key + ["chunk"])
+    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort(key + ["chunk"]).collect(engine=POLARS_ENGINE)
 
 
 DERIVED = {"gpu_time_util": gpu_time_util}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from traceql.link import POLARS_ENGINE
 from traceql.model import Run
 
 SCHEMA = {
@@ -54,9 +55,14 @@ def comm_coverage(run: Run) -> pl.DataFrame:
         u = u.with_columns(pl.lit(0.0).alias("comm_ms"), pl.lit(0.0).alias("overlap_ms"), pl.lit(0.0).alias("exposed_comm_ms"),
                            pl.lit(None, pl.Float64).alias("comm_comp_overlap_pct"))
     else:
-        u = measures.coverage(comm, compute, per).select(
-            *per, pl.col("sel_ms").alias("comm_ms"), pl.col("against_ms").alias("compute_ms"), "overlap_ms",
-            pl.col("exposed_ms").alias("exposed_comm_ms"), pl.col("overlap_pct").alias("comm_comp_overlap_pct"))
+        # intervals.coverage's numbers over the groups with communication, its three unions in one sweep
+        from traceql.link.breakdown import keyed_unions, overlap_columns
+
+        u = keyed_unions([comm, compute, pl.concat([comm, compute])], per)
+        one = {t: u.filter(pl.col("_t") == t).select(*per, pl.col("_u").alias(c)) for t, c in enumerate(("_comm", "_comp", "_both"))}
+        u = one[0].join(one[1], on=per, how="left", nulls_equal=True).join(one[2], on=per, how="left", nulls_equal=True)
+        u = overlap_columns(u, "_comm", "_comp", "_both").with_columns(
+            (pl.col("_comp").fill_null(0) / measures.NS_PER_MS).alias("compute_ms")).sort(per).collect(engine=POLARS_ENGINE)
     best = u.group_by("rank", "source").agg(pl.col("comm_ms").sum().alias("_c"), pl.len().alias("_n")) \
         .sort(["rank", "_c", "_n", "source"], descending=[False, True, True, False]).unique("rank", keep="first")
     u = u.join(best.select("rank", "source"), on=["rank", "source"], how="semi")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from traceql.link import POLARS_ENGINE
 from traceql.model import Run
 
 GEMM = r"(?i)gemm|xmma|wgmma|nvjet"
@@ -24,7 +25,8 @@ def gemm_classes(run: Run) -> pl.DataFrame:
     schema = {"rank": pl.Int32, "precision": pl.Utf8, "kernels": pl.Int64, "dur": pl.Int64, "example": pl.Utf8}
     # classify on the name without its parameter list, and without fbgemm (a library name, not a GEMM)
     sig = pl.col("name").str.replace(r"\(.*$", "").str.replace_all("fbgemm", "")
-    k = run.table("kernels").select("rank", "name", "kind", "dur").filter(pl.col("kind") == "compute")
+    # one lazy plan (eager steps are a fixed cost each on a small run)
+    k = run.table("kernels").lazy().select("rank", "name", "kind", "dur").filter(pl.col("kind") == "compute")
     per_name = k.group_by("rank", "name").agg(pl.len().alias("kernels"), pl.col("dur").sum())
     names = per_name.select(pl.col("name").unique()).with_columns(sig.alias("_sig")).filter(pl.col("_sig").str.contains(GEMM))
     names = names.with_columns(
@@ -37,7 +39,7 @@ def gemm_classes(run: Run) -> pl.DataFrame:
         pl.col("kernels").sum(), pl.col("dur").sum())
     out = per_kernel.sort(["rank", "precision", "kernels", "kernel"], descending=[False, False, True, False]).group_by(
         "rank", "precision", maintain_order=True).agg(pl.col("kernels").sum(), pl.col("dur").sum(), pl.col("kernel").first().alias("example"))
-    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank", "precision")
+    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("rank", "precision").collect(engine=POLARS_ENGINE)
 
 
 DERIVED = {"gemm_classes": gemm_classes}
