@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # polars loads where tables are read: `traceql cache info|cle
     import polars as pl
 
     from traceql.model import Source
+    from traceql.model.run import Pending
 
 FORMAT_VERSION = "4"  # bump when the cache layout itself changes (importer code changes are caught by _ingest_digest)
 # Parquet without compression: a warm re-check is mostly these reads, and decoding uncompressed pages takes half the CPU
@@ -120,25 +121,53 @@ def _ingest_digest() -> str:
     return _INGEST
 
 
-def load(source: Source, key: str) -> dict[str, pl.DataFrame] | None:
+def load(source: Source, key: str, reread=None) -> dict[str, pl.DataFrame | Pending] | None:
+    """The tables the store wrote for this source, restamped with its id; None for a miss. An entry that records its
+    tables' rows and bytes gives each table as a Pending (model.run): its file is read when the check first reads the
+    table, and many a warm check never does. reread(name): the table read from the source itself, for a file found
+    damaged only then (a damaged entry is a miss, never an error, however late it is found)."""
     d = cache_dir() / key
     meta_path = d / "source.json"
     if not meta_path.exists():
         return None
     import polars as pl
 
+    from traceql.model.run import Pending
+
     try:
         meta = orjson.loads(meta_path.read_bytes())
-        # exactly the tables the store wrote: an entry missing one of them (being pruned, damaged) is a miss
-        tables = {n: pl.read_parquet(d / f"{n}.parquet") for n in meta["tables"]}
+        shapes = meta.get("shapes")
+        if shapes is not None and reread is not None:
+            # exactly the tables the store wrote, each of the size it wrote: one missing or cut short is a miss now
+            tables = {}
+            for n in meta["tables"]:
+                rows, nbytes = shapes[n]
+                p = d / f"{n}.parquet"
+                if p.stat().st_size != nbytes:
+                    return None
+                tables[n] = Pending(rows, _reader(p, n, source.id, reread))
+        else:
+            tables = {n: _restamp(pl.read_parquet(d / f"{n}.parquet"), source.id) for n in meta["tables"]}
         fields = (meta["status"], meta["detail"], meta["rank"], meta["ranks"], meta["rank_origin"],
                   meta.get("host"), meta.get("meta", {}))
     except Exception:  # a damaged cache entry is a miss, never an error
         return None
     _touch(d)
     source.status, source.detail, source.rank, source.ranks, source.rank_origin, source.host, source.meta = fields
-    # source ids are per discovery; restamp them
-    return {n: _restamp(t, source.id) for n, t in tables.items()}
+    return tables
+
+
+def _reader(path: Path, name: str, source_id: int, reread):
+    def read():
+        import polars as pl
+
+        try:
+            df = pl.read_parquet(path)
+        except Exception:  # damaged or pruned since load() looked: read from the source instead
+            return reread(name)
+        return _restamp(df, source_id)  # source ids are per discovery
+
+    return read
 
 
 def _restamp(t, source_id: int):
@@ -158,12 +187,15 @@ def store(source: Source, key: str, tables: dict[str, pl.DataFrame]) -> None:
     try:
         tmp.mkdir(parents=True, exist_ok=True)
         written = []
+        shapes = {}  # rows and bytes of each table: a load reads a table's file only when the check reads it
         for name, df in tables.items():
             if df.height:
                 df.write_parquet(tmp / f"{name}.parquet", compression=_COMPRESSION, statistics=False)
                 written.append(name)
+                shapes[name] = [df.height, (tmp / f"{name}.parquet").stat().st_size]
         meta = {
             "tables": written,
+            "shapes": shapes,
             "status": source.status,
             "detail": source.detail,
             "rank": source.rank,
