@@ -271,6 +271,55 @@ def store_derived(folder: Path, name: str, df: pl.DataFrame, notes: list[str]) -
     _added(nbytes, keep=folder)
 
 
+def rules_digest(rules, overrides: dict, sources) -> str:
+    """The key of what the rules concluded on a run whose derived tables live in one run folder: every rule as loaded
+    (all its fields, the pack's views), the parameters it ran with, the sources as this check found them (paths,
+    statuses, ranks: tables built from the statuses, and the findings' source lists, are not covered by the run
+    folder's key), the rule engine's code and polars' version."""
+    import polars as pl
+
+    h = hashlib.blake2b(digest_size=16)
+    root = Path(__file__).resolve().parent
+    h.update(f"{_code_digest()}|{pl.__version__}|{FORMAT_VERSION}|{__version__}".encode())
+    for p in sorted((root / "rules").glob("*.py")):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    views: dict = {}
+    for r in rules:
+        fields = {k: v for k, v in vars(r).items() if k not in ("views", "docs", "fixtures", "path")}
+        h.update(orjson.dumps([r.path.name, fields, overrides.get(r.id) or {}], default=repr,
+                              option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS))
+        views.update({n: v.sql for n, v in (r.views or {}).items()})
+    h.update(orjson.dumps(views, option=orjson.OPT_SORT_KEYS))
+    for s in sources:
+        h.update(orjson.dumps([str(s.path), s.kind, s.status, s.detail, s.rank, s.ranks, s.rank_origin, s.host,
+                               s.cache_key], default=repr))
+    return h.hexdigest()
+
+
+def load_results(folder: Path, key: str) -> dict | None:
+    try:
+        data = orjson.loads((folder / f"rules-{key}.json").read_bytes())
+    except Exception:  # absent or damaged: a miss
+        return None
+    _touch(folder)
+    return data
+
+
+def store_results(folder: Path, key: str, data: dict) -> None:
+    try:
+        raw = orjson.dumps(data)
+        if orjson.loads(raw) != data:  # a value JSON would not give back exactly: not kept
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".rules-{key}.{os.getpid()}.json"
+        tmp.write_bytes(raw)
+        tmp.rename(folder / f"rules-{key}.json")
+    except Exception:
+        return
+    _added(len(raw), keep=folder)
+
+
 # --- size cap ---------------------------------------------------------------------------------------------------------
 
 MAX_MB_DEFAULT = 4096

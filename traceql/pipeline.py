@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -9,7 +10,8 @@ from traceql import archive, link, remote
 from traceql.discover import discover
 from traceql.ingest.loader import ingest
 from traceql.model import Run
-from traceql.model.result import CheckResult
+from traceql.model.finding import Finding
+from traceql.model.result import CheckResult, RuleResult
 from traceql.rules import config as cfgmod
 from traceql.rules.causes import attribute
 from traceql.rules.engine import run_rules
@@ -92,7 +94,7 @@ def check(
                                       use_cache)
     else:
         run = load_run(path, use_cache=use_cache, jobs=jobs, progress=progress)
-        results = run_rules(run, chosen, overrides)
+        results = _run_rules(run, chosen, overrides)
     note = remote.uncached_note(run.sources) if use_cache else None
     if note:
         run.notes.append(note)
@@ -104,6 +106,33 @@ def check(
         result.findings = [f for f in result.findings if f.fingerprint not in drop]
         result.suppressed = before - len(result.findings)
     return result
+
+
+def _run_rules(run: Run, chosen, overrides: dict) -> list[RuleResult]:
+    """run_rules, or what it concluded the last time on exactly this input (the run's derived-table cache folder),
+    with these rules, parameters and code: a warm re-check of 8 ranks x 216k events spent 0.3-0.4 CPU s evaluating
+    the pack again over tables that came from the cache. Kept only where no rule failed (a failure may not recur)."""
+    from traceql import cache
+
+    folder = run.derived_cache
+    if folder is None:
+        return run_rules(run, chosen, overrides)
+    key = cache.rules_digest(chosen, overrides, run.sources)
+    hit = cache.load_results(folder, key)
+    by_id = {r.id: r for r in chosen}
+    if hit is not None and [r["rule"] for r in hit["results"]] == [r.id for r in chosen]:
+        run.notes.extend(n for n in hit["notes"] if n not in run.notes)
+        return [RuleResult(by_id[r["rule"]], r["status"], r["reason"], [Finding(**f) for f in r["findings"]])
+                for r in hit["results"]]
+    before = list(run.notes)
+    results = run_rules(run, chosen, overrides)
+    if all(r.status != "error" for r in results):
+        cache.store_results(folder, key, {
+            "results": [{"rule": r.rule.id, "status": r.status, "reason": r.reason,
+                         "findings": [dataclasses.asdict(f) for f in r.findings]} for r in results],
+            "notes": [n for n in run.notes if n not in before],  # what the rules' derived tables noted
+        })
+    return results
 
 
 def _check_on_dask(path: Path, scheduler, chosen, overrides, use_cache: bool):
