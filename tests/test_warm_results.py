@@ -30,10 +30,14 @@ def _counting(monkeypatch) -> list:
 def test_a_warm_check_reuses_what_the_rules_concluded_and_reports_the_same(monkeypatch):
     cold = pipeline.check(GPU, use_cache=False)
     calls = _counting(monkeypatch)
+    costed: list = []
+    real = pipeline.attribute
+    monkeypatch.setattr(pipeline, "attribute", lambda *a: (costed.append(1), real(*a))[1])
     first = pipeline.check(GPU)
     warm = pipeline.check(GPU)
-    assert calls == [1]  # the second check evaluated no rule
+    assert calls == [1] and costed == [1]  # the second check evaluated no rule and costed no finding
     assert _all(warm) == _all(first) == _all(cold)
+    assert any(f.cost_ms_per_step is not None for f in warm.findings)  # the costs came back with the findings
     assert any(r.status == "skipped" for r in warm.results) and warm.findings
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import os
 import threading
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import polars as pl
@@ -276,7 +275,8 @@ def _read(run_path: Path, sources: list[Source], todo: list[Source], results: li
             if progress:
                 progress(src)
     elif jobs > 1 and len(todo) > 1 and total >= PARALLEL_MIN_BYTES:
-        import multiprocessing as mp
+        import multiprocessing as mp  # here: a check that reads in-process (most) never pays ~10 ms to import them
+        from concurrent.futures import ProcessPoolExecutor
 
         # One polars thread per worker: the workers already use every core, and more threads than cores only cost
         # switching and memory (each thread's allocator arena). Spawned workers read it from the environment as
