@@ -5,8 +5,11 @@ file's bytes, its kind, the importers' code (their sources and the compiled scan
 re-export, a traceql upgrade, a changed importer or an edit all miss.
 A small index maps (path, size, mtime) to the digest so that a warm re-check does not re-hash large files.
 <cache_dir>/run-<key>/ holds what linking builds from one exact set of sources (run_dir): derived tables
-(<name>.parquet and its notes), the step columns link_run assigns (step-of-<table>) and the rule pack's views
-(view-<name>-<digest of its SQL, the views it reads and polars>).
+(<name>.parquet and its notes), the step columns link_run assigns (step-of-<table>), the rule pack's views
+(view-<name>-<digest of its SQL, the views it reads and polars>) and what the rules concluded, costs included
+(rules-<rules_digest>.json: the rules as loaded, their parameters, the sources as found and the engine's code).
+A source's entry records each table's rows and bytes (source.json "shapes"): a warm check reads a table's file only
+when it reads the table (model.run.Pending).
 
 The cache is bounded: TRACEQL_CACHE_MAX_MB (default 4096; 0 = no limit) caps the bytes of its files. A folder's mtime is
 its last use (a store writes it, a hit touches it); when a store takes the cache past the cap, the least recently used

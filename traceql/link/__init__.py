@@ -87,7 +87,7 @@ def _empty_inputs(run: Run, name: str, heights: dict[str, int] | None = None) ->
     if decl is None or not decl.reads:  # built from the sources' statuses or the run itself, not from tables
         return False
     if heights is None:
-        heights = {t: run.rows(t) for t in run.tables}
+        heights = run.heights()  # a table the cache has not read yet stays unread
     for t in decl.reads:
         if run.held.get(t, 0) > 0:
             return False

@@ -120,6 +120,13 @@ class Run:
             return self.table(name).height
         return self.tables.rows(name) if isinstance(self.tables, Tables) else self.tables[name].height
 
+    def heights(self) -> dict[str, int]:
+        """Every table's height, reading none the cache has not read yet (nor looking any up by name)."""
+        t = self.tables
+        if isinstance(t, Tables):
+            return {k: t.rows(k) for k in dict.keys(t)}
+        return {k: df.height for k, df in t.items()}
+
     def amend(self, name: str, fn) -> None:
         """Replace table `name` by fn(table), fn keeping its rows (a column added): lazily where it is not read yet."""
         if isinstance(self.tables, Tables) and name in self.tables:
