@@ -303,7 +303,7 @@ def test_a_run_bigger_than_the_cap_keeps_its_own_entries_and_says_so(tmp_path, m
     # the re-check is warm for every rank: none of the run's entries was evicted by its own later stores
     hits = []
     real = cache.load
-    monkeypatch.setattr(cache, "load", lambda s, k: hits.append(real(s, k) is not None) or real(s, k))
+    monkeypatch.setattr(cache, "load", lambda s, k, **kw: hits.append(real(s, k, **kw) is not None) or real(s, k, **kw))
     pipeline.load_run(run, use_cache=True)
     assert len(hits) == 4 and all(hits)
 

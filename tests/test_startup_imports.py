@@ -39,7 +39,8 @@ HEAVY = ("polars", "rich", "yaml", "pyarrow", "msgspec", "orjson", "networkx", "
 NOT_FOR_A_TEXT_CHECK = ("networkx", "starlette", "uvicorn", "multipart", "dask", "distributed", "tarfile",
                         "zstandard", "rich", "traceql.executor", "traceql.report.html", "traceql.report.sarif",
                         "traceql.report.json", "traceql.report.diff", "traceql.report.annotate", "traceql.serve",
-                        "traceql.capture", "traceql.cli.serve", "traceql.cli.capture", "traceql.cli.graph", "torch")
+                        "traceql.capture", "traceql.cli.serve", "traceql.cli.capture", "traceql.cli.graph", "torch",
+                        "multiprocessing", "concurrent.futures.process")  # those two: only where workers start
 
 
 def _modules(tmp_path: Path, *args: str) -> set[str]:

@@ -5,8 +5,11 @@ file's bytes, its kind, the importers' code (their sources and the compiled scan
 re-export, a traceql upgrade, a changed importer or an edit all miss.
 A small index maps (path, size, mtime) to the digest so that a warm re-check does not re-hash large files.
 <cache_dir>/run-<key>/ holds what linking builds from one exact set of sources (run_dir): derived tables
-(<name>.parquet and its notes), the step columns link_run assigns (step-of-<table>) and the rule pack's views
-(view-<name>-<digest of its SQL, the views it reads and polars>).
+(<name>.parquet and its notes), the step columns link_run assigns (step-of-<table>), the rule pack's views
+(view-<name>-<digest of its SQL, the views it reads and polars>) and what the rules concluded, costs included
+(rules-<rules_digest>.json: the rules as loaded, their parameters, the sources as found and the engine's code).
+A source's entry records each table's rows and bytes (source.json "shapes"): a warm check reads a table's file only
+when it reads the table (model.run.Pending).
 
 The cache is bounded: TRACEQL_CACHE_MAX_MB (default 4096; 0 = no limit) caps the bytes of its files. A folder's mtime is
 its last use (a store writes it, a hit touches it); when a store takes the cache past the cap, the least recently used
@@ -38,6 +41,7 @@ if TYPE_CHECKING:  # polars loads where tables are read: `traceql cache info|cle
     import polars as pl
 
     from traceql.model import Source
+    from traceql.model.run import Pending
 
 FORMAT_VERSION = "4"  # bump when the cache layout itself changes (importer code changes are caught by _ingest_digest)
 # Parquet without compression: a warm re-check is mostly these reads, and decoding uncompressed pages takes half the CPU
@@ -120,25 +124,53 @@ def _ingest_digest() -> str:
     return _INGEST
 
 
-def load(source: Source, key: str) -> dict[str, pl.DataFrame] | None:
+def load(source: Source, key: str, reread=None) -> dict[str, pl.DataFrame | Pending] | None:
+    """The tables the store wrote for this source, restamped with its id; None for a miss. An entry that records its
+    tables' rows and bytes gives each table as a Pending (model.run): its file is read when the check first reads the
+    table, and many a warm check never does. reread(name): the table read from the source itself, for a file found
+    damaged only then (a damaged entry is a miss, never an error, however late it is found)."""
     d = cache_dir() / key
     meta_path = d / "source.json"
     if not meta_path.exists():
         return None
     import polars as pl
 
+    from traceql.model.run import Pending
+
     try:
         meta = orjson.loads(meta_path.read_bytes())
-        # exactly the tables the store wrote: an entry missing one of them (being pruned, damaged) is a miss
-        tables = {n: pl.read_parquet(d / f"{n}.parquet") for n in meta["tables"]}
+        shapes = meta.get("shapes")
+        if shapes is not None and reread is not None:
+            # exactly the tables the store wrote, each of the size it wrote: one missing or cut short is a miss now
+            tables = {}
+            for n in meta["tables"]:
+                rows, nbytes = shapes[n]
+                p = d / f"{n}.parquet"
+                if p.stat().st_size != nbytes:
+                    return None
+                tables[n] = Pending(rows, _reader(p, n, source.id, reread))
+        else:
+            tables = {n: _restamp(pl.read_parquet(d / f"{n}.parquet"), source.id) for n in meta["tables"]}
         fields = (meta["status"], meta["detail"], meta["rank"], meta["ranks"], meta["rank_origin"],
                   meta.get("host"), meta.get("meta", {}))
     except Exception:  # a damaged cache entry is a miss, never an error
         return None
     _touch(d)
     source.status, source.detail, source.rank, source.ranks, source.rank_origin, source.host, source.meta = fields
-    # source ids are per discovery; restamp them
-    return {n: _restamp(t, source.id) for n, t in tables.items()}
+    return tables
+
+
+def _reader(path: Path, name: str, source_id: int, reread):
+    def read():
+        import polars as pl
+
+        try:
+            df = pl.read_parquet(path)
+        except Exception:  # damaged or pruned since load() looked: read from the source instead
+            return reread(name)
+        return _restamp(df, source_id)  # source ids are per discovery
+
+    return read
 
 
 def _restamp(t, source_id: int):
@@ -158,12 +190,15 @@ def store(source: Source, key: str, tables: dict[str, pl.DataFrame]) -> None:
     try:
         tmp.mkdir(parents=True, exist_ok=True)
         written = []
+        shapes = {}  # rows and bytes of each table: a load reads a table's file only when the check reads it
         for name, df in tables.items():
             if df.height:
                 df.write_parquet(tmp / f"{name}.parquet", compression=_COMPRESSION, statistics=False)
                 written.append(name)
+                shapes[name] = [df.height, (tmp / f"{name}.parquet").stat().st_size]
         meta = {
             "tables": written,
+            "shapes": shapes,
             "status": source.status,
             "detail": source.detail,
             "rank": source.rank,
@@ -237,6 +272,55 @@ def store_derived(folder: Path, name: str, df: pl.DataFrame, notes: list[str]) -
     except Exception:  # a table parquet cannot hold, a full disk: build it again next time
         return
     _added(nbytes, keep=folder)
+
+
+def rules_digest(rules, overrides: dict, sources) -> str:
+    """The key of what the rules concluded on a run whose derived tables live in one run folder: every rule as loaded
+    (all its fields, the pack's views), the parameters it ran with, the sources as this check found them (paths,
+    statuses, ranks: tables built from the statuses, and the findings' source lists, are not covered by the run
+    folder's key), the rule engine's code and polars' version."""
+    import polars as pl
+
+    h = hashlib.blake2b(digest_size=16)
+    root = Path(__file__).resolve().parent
+    h.update(f"{_code_digest()}|{pl.__version__}|{FORMAT_VERSION}|{__version__}".encode())
+    for p in sorted((root / "rules").glob("*.py")):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    views: dict = {}
+    for r in rules:
+        fields = {k: v for k, v in vars(r).items() if k not in ("views", "docs", "fixtures", "path")}
+        h.update(orjson.dumps([r.path.name, fields, overrides.get(r.id) or {}], default=repr,
+                              option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS))
+        views.update({n: v.sql for n, v in (r.views or {}).items()})
+    h.update(orjson.dumps(views, option=orjson.OPT_SORT_KEYS))
+    for s in sources:
+        h.update(orjson.dumps([str(s.path), s.kind, s.status, s.detail, s.rank, s.ranks, s.rank_origin, s.host,
+                               s.cache_key], default=repr))
+    return h.hexdigest()
+
+
+def load_results(folder: Path, key: str) -> dict | None:
+    try:
+        data = orjson.loads((folder / f"rules-{key}.json").read_bytes())
+    except Exception:  # absent or damaged: a miss
+        return None
+    _touch(folder)
+    return data
+
+
+def store_results(folder: Path, key: str, data: dict) -> None:
+    try:
+        raw = orjson.dumps(data)
+        if orjson.loads(raw) != data:  # a value JSON would not give back exactly: not kept
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".rules-{key}.{os.getpid()}.json"
+        tmp.write_bytes(raw)
+        tmp.rename(folder / f"rules-{key}.json")
+    except Exception:
+        return
+    _added(len(raw), keep=folder)
 
 
 # --- size cap ---------------------------------------------------------------------------------------------------------

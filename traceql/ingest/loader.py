@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import os
 import threading
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import polars as pl
@@ -14,6 +13,7 @@ from traceql import cache, remote
 from traceql.ingest import _MODULES as _READERS
 from traceql.ingest import IngestError, _gz, budget, module_for, read_source
 from traceql.model import SCHEMAS, Run, Source, concat
+from traceql.model.run import Pending, Tables
 
 PARALLEL_MIN_BYTES = 8 << 20  # below this, process start-up costs more than it saves
 
@@ -33,13 +33,31 @@ def _may_be_cached(source: Source) -> bool:
     return source.kind in _READERS and source.kind not in RECOGNISED_ONLY
 
 
-def _cached(source: Source) -> tuple[str | None, dict[str, pl.DataFrame] | None]:
-    """(cache key, tables) for a cache hit; (key, None) for a miss; (None, None) where the cache cannot be used."""
+def _cached(source: Source, lazy: bool = False) -> tuple[str | None, dict[str, pl.DataFrame] | None]:
+    """(cache key, tables) for a cache hit; (key, None) for a miss; (None, None) where the cache cannot be used.
+    lazy: tables may be model.run.Pending, read when the check reads them (only in the process that checks)."""
     try:
         key = cache.digest(source)
-        return key, cache.load(source, key)
+        return key, cache.load(source, key, reread=_rereader(source) if lazy else None)
     except OSError:
         return None, None
+
+
+def _rereader(source: Source):
+    """reread(name) for a cache entry found damaged only when a table is read: the source read again (once)."""
+    got: list[dict] = []
+
+    def reread(name: str) -> pl.DataFrame:
+        if not got:
+            src = copy.deepcopy(source)
+            try:
+                limits = budget.budget_for(src)
+            except ValueError:
+                limits = None
+            got.append(_ingest_one(src, False, limits)[1])
+        return got[0].get(name) if name in got[0] else concat(name, [])  # the source failed now: no rows
+
+    return reread
 
 
 # Formats read as files of bytes that are never sparse: a hole (a run of NULs the file system does not store, as
@@ -185,7 +203,7 @@ def _ingest(run_path: Path, sources: list[Source], use_cache: bool, jobs: int | 
         # takes about a second, so only the misses go to the pool.
         misses = []
         for s in todo:
-            key, hit = _cached(s) if _may_be_cached(s) else (None, None)
+            key, hit = _cached(s, lazy=True) if _may_be_cached(s) else (None, None)
             if hit is None:
                 misses.append(s)
                 keys[s.id] = key
@@ -206,6 +224,14 @@ def _ingest(run_path: Path, sources: list[Source], use_cache: bool, jobs: int | 
     for s in run.sources:
         remote.named_back(s)
     return run
+
+
+def _concat(name: str, frames: list) -> pl.DataFrame | Pending:
+    """concat, or a Pending of it where a part is a cache hit not read yet (its rows are known: no read to count them)."""
+    if not any(isinstance(f, Pending) for f in frames):
+        return concat(name, frames)
+    return Pending(sum(f.rows if isinstance(f, Pending) else f.height for f in frames),
+                   lambda: concat(name, [f.read() if isinstance(f, Pending) else f for f in frames]))
 
 
 def _read(run_path: Path, sources: list[Source], todo: list[Source], results: list, keys: dict, use_cache: bool,
@@ -249,7 +275,8 @@ def _read(run_path: Path, sources: list[Source], todo: list[Source], results: li
             if progress:
                 progress(src)
     elif jobs > 1 and len(todo) > 1 and total >= PARALLEL_MIN_BYTES:
-        import multiprocessing as mp
+        import multiprocessing as mp  # here: a check that reads in-process (most) never pays ~10 ms to import them
+        from concurrent.futures import ProcessPoolExecutor
 
         # One polars thread per worker: the workers already use every core, and more threads than cores only cost
         # switching and memory (each thread's allocator arena). Spawned workers read it from the environment as
@@ -280,7 +307,7 @@ def _read(run_path: Path, sources: list[Source], todo: list[Source], results: li
     for _, tables in results:
         for name, df in tables.items():
             frames.setdefault(name, []).append(df)
-    tables = {name: concat(name, frames.get(name, [])) for name in SCHEMAS}
+    tables = Tables({name: _concat(name, frames.get(name, [])) for name in SCHEMAS})
     run = Run(path=run_path if remote.is_url(run_path) else Path(run_path), sources=merged_sources, tables=tables)
     read = [s for s in merged_sources if s.status in ("ok", "partial")]
     if use_cache and read and all(s.cache_key for s in read):

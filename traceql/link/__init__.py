@@ -87,7 +87,7 @@ def _empty_inputs(run: Run, name: str, heights: dict[str, int] | None = None) ->
     if decl is None or not decl.reads:  # built from the sources' statuses or the run itself, not from tables
         return False
     if heights is None:
-        heights = {t: df.height for t, df in run.tables.items()}
+        heights = run.heights()  # a table the cache has not read yet stays unread
     for t in decl.reads:
         if run.held.get(t, 0) > 0:
             return False
@@ -126,15 +126,15 @@ def _cached_steps(run: Run) -> bool:
 
     cols = {}
     for name in STEPPED:
-        df = run.table(name)
-        if not df.height:
+        rows = run.rows(name)  # a table the cache has not read yet stays unread (model.run.Pending)
+        if not rows:
             continue
         hit = cache.load_derived(run.derived_cache, f"step-of-{name}")
-        if hit is None or hit[0].height != df.height or hit[0].columns != ["step"]:
+        if hit is None or hit[0].height != rows or hit[0].columns != ["step"]:
             return False  # a miss or a damaged entry: assign every step afresh
         cols[name] = hit[0].to_series()
     for name, step in cols.items():
-        run.tables[name] = run.table(name).with_columns(step)
+        run.amend(name, lambda t, step=step: t.with_columns(step))
     return True
 
 

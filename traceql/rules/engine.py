@@ -541,7 +541,9 @@ def _collapse(df: pl.DataFrame, keys: list[str], rule: Rule) -> pl.DataFrame:
 
 def _present(run: Run, table: str) -> bool:
     """Whether the run has rows of `table`: here, or on the rank tasks' workers (Run.held, traceql.executor)."""
-    return run.held.get(table, 0) > 0 or link.ensure(run, table).height > 0
+    if run.held.get(table, 0) > 0:
+        return True
+    return (run.rows(table) if table in run.tables else link.ensure(run, table).height) > 0  # rows: read nothing
 
 
 def rows(run: Run, rule: Rule, params: dict | None = None) -> pl.DataFrame | None:
