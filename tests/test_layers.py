@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1] / "traceql"
 
 # Each package (or top-level module) and its tier; a module may import its own tier and lower ones only.
 TIERS = {
-    "__init__": 0, "model": 0, "intervals": 0, "cache": 0, "exit_codes": 0, "remote": 0,
+    "__init__": 0, "model": 0, "intervals": 0, "cache": 0, "exit_codes": 0, "remote": 0, "polars_env": 0,
     "ingest": 1,
     "discover": 2,  # discovery asks each format module of ingest whether it reads a file
     "link": 3,

@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from pathlib import Path
 
-# polars' allocator (jemalloc) hands freed pages back to the kernel within seconds, and the next rule's columns fault
-# them in again: on 16 ranks x 35 MB the rules took 0.36-0.46 M minor faults and 1.0-1.6 s of system CPU in the parent,
-# 0.13 s per rank. Keeping freed pages for a minute cut that to 0.10-0.12 M faults and 0.3-0.4 s (peak RSS +12-18%:
-# pages freed by one table's query serve the next). jemalloc reads this once, as polars loads; it is taken out of the
-# environment again so that ingest workers, whose memory budgets count the growth of a read, keep the default.
-if "polars" not in sys.modules and "_RJEM_MALLOC_CONF" not in os.environ:
-    os.environ["_RJEM_MALLOC_CONF"] = "dirty_decay_ms:60000"
-    try:
-        import polars
+from traceql import polars_env
 
-        polars.Series([0])  # the allocator's first use, where it reads its configuration
-    finally:
-        del os.environ["_RJEM_MALLOC_CONF"]
+polars_env.load()  # before anything imports polars: its allocator keeps freed pages (traceql.polars_env)
 
 from traceql import archive, link, remote
 from traceql.discover import discover

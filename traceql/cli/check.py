@@ -36,20 +36,31 @@ class _RunArg(click.Path):
 RUN_ARG = _RunArg(path_type=Path)
 
 
-# Below this many bytes of input, polars runs on one thread in this process. On tables of a small run its operations
-# take tens of microseconds, and waking and parking a pool's threads for each costs more CPU than it saves in wall
-# time (samples/demo, 2 MB: 0.88 against 1.00 CPU s, min of 8 interleaved; a 54 MB trace 1.24 against 1.38, and no
-# slower on the wall clock). polars reads POLARS_MAX_THREADS once, as it is imported: decided before that.
+# How many threads polars runs on in this process. Below ONE_THREAD_MAX_BYTES of input, one: on a small run's tables its
+# operations take tens of microseconds, and waking and parking a pool's threads for each costs more CPU than it saves
+# in wall time (samples/demo, 2 MB: 0.88 against 1.00 CPU s, min of 8 interleaved; a 54 MB trace 1.24 against 1.38,
+# and no slower on the wall clock). Above it, at most MAX_THREADS: the parent's queries over many ranks' tables gain
+# little wall time past that and pay for it in CPU (128 ranks x 36 MB on 16 cores: 67-69 CPU s / 13.8 s wall on 16
+# threads, 55-61 / 14.2-15.8 on 4). polars sizes its pool as it is imported: decided before that (traceql.polars_env).
 ONE_THREAD_MAX_BYTES = 128 << 20
+MAX_THREADS = 4
 
 
-def _one_polars_thread_if_small(run_dir) -> None:
+def _polars_threads(run_dir, cores: int | None) -> int | None:
+    """The thread count for this check's polars pool, or None for polars' default."""
+    if not isinstance(run_dir, Path):
+        return None  # a URL: its size is the listing's business
+    if _bytes_within(run_dir, ONE_THREAD_MAX_BYTES):
+        return 1
+    return MAX_THREADS if (cores or 1) > MAX_THREADS else None
+
+
+def _size_polars_pool(run_dir) -> None:
     import os
 
-    if "POLARS_MAX_THREADS" in os.environ or "polars" in sys.modules or not isinstance(run_dir, Path):
-        return  # the user's choice, too late to choose, or a URL (its size is the listing's business)
-    if _bytes_within(run_dir, ONE_THREAD_MAX_BYTES):
-        os.environ["POLARS_MAX_THREADS"] = "1"
+    from traceql import polars_env
+
+    polars_env.load(threads=_polars_threads(run_dir, os.cpu_count()))
 
 
 def _bytes_within(path: Path, cap: int, max_entries: int = 20_000) -> bool:
@@ -109,7 +120,7 @@ def check(run_dir, fmt, out, select, ignore, sets, fail_on, rules_dirs, config_p
     be analysed, 3 a rule or internal error (the report is incomplete).
     """
     if not scheduler:
-        _one_polars_thread_if_small(run_dir)
+        _size_polars_pool(run_dir)
     from traceql import pipeline
     from traceql.rules.config import ConfigError, load_config
     from traceql.rules.loader import RuleError
