@@ -80,16 +80,27 @@ def select(run: Run, table_name: str, where: dict | None, keep: list[str] | None
         if a not in df.columns or b not in df.columns:
             raise RuleRunError(f"field 'select.span': no column {a if a not in df.columns else b!r} in {table_name}; "
                                f"valid columns: {list(df.columns)}")
-        df = df.drop([c for c in ("ts", "end") if c in df.columns]).rename({a: "ts", b: "end"})
+        if {a, b} & {"ts", "end"}:
+            df = df.drop([c for c in ("ts", "end") if c in df.columns]).rename({a: "ts", b: "end"})
+        else:
+            df = pick(df, [c for c in df.columns if c not in ("ts", "end")], {a: "ts", b: "end"})
     if keep is not None and set(keep) | set(where or {}) <= set(df.columns):  # else errors name every column
         wanted = set(keep) | set(where or {}) | {"source", "name"}
-        df = df.select([c for c in df.columns if c in wanted])
+        df = pick(df, [c for c in df.columns if c in wanted])
     if where:
         expr = pl.lit(True)
         for col, cond in where.items():
             expr = expr & _filter_expr(col, cond, df.schema)
-        df = df.filter(expr.fill_null(False))
+        if df.height:  # no rows: nothing to filter (the expression is still checked against the columns above)
+            df = df.filter(expr.fill_null(False))
     return df
+
+
+def pick(df: pl.DataFrame, cols: list[str], names: dict[str, str] | None = None) -> pl.DataFrame:
+    """The frame's columns `cols` in that order, renamed by `names`: the same columns, no polars query (a select or
+    rename of a small frame is a query whose fixed cost is most of a rule's)."""
+    names = names or {}
+    return pl.DataFrame([df.get_column(c).alias(names.get(c, c)) for c in cols], height=df.height)
 
 
 def _with_step_time(run: Run, out: pl.DataFrame) -> pl.DataFrame:
@@ -97,8 +108,10 @@ def _with_step_time(run: Run, out: pl.DataFrame) -> pl.DataFrame:
     if not {"rank", "step"} <= set(out.columns) or "step_ms" in out.columns:
         return out
     # the longer of the step's host range and its GPU work's span (link.steps.step_times): the GPU runs behind
-    st = link.ensure(run, "step_times").select("rank", "step", "step_ms")
-    st = st.with_columns(pl.col("rank").cast(out.schema["rank"]), pl.col("step").cast(out.schema["step"]))
+    st = pick(link.ensure(run, "step_times"), ["rank", "step", "step_ms"])
+    casts = [pl.col(k).cast(out.schema[k]) for k in ("rank", "step") if st.schema[k] != out.schema[k]]
+    if casts:
+        st = st.with_columns(casts)
     return out.join(st, on=["rank", "step"], how="left")
 
 
