@@ -289,3 +289,24 @@ def test_every_pack_statement_gives_by_steps_what_it_gives_cte_by_cte(fixture):
         assert got.columns == want.columns and _rows(got) == _rows(want), rule.id
         checked += 1
     assert checked >= 10, checked
+
+
+@pytest.mark.parametrize("fixture", ["cpu8-desync", "h200x2-straggler"])
+def test_the_pack_side_by_side_gives_what_each_rule_gives_alone(fixture):
+    """run_rules holds the SQL rules back and runs them side by side; each rule evaluated on its own must give the
+    same status, reason and findings (messages, evidence), in the same order."""
+    from traceql import pipeline
+    from traceql.rules.engine import run_rules
+
+    rules = load_rules()
+    run = pipeline.load_run(Path(__file__).resolve().parents[1] / "fixtures" / fixture)
+    together = run_rules(run, rules)
+    alone = [evaluate(run, r) for r in rules]
+
+    def seen(res):
+        return [(r.rule.id, r.status, r.reason, [(f.ranks, f.step, f.message, f.evidence) for f in r.findings])
+                for r in res]
+
+    assert seen(together) == seen(alone)
+    assert sum(1 for r in together if r.rule.sql and r.status == "ran") >= 8
+    assert any(r.findings for r in together if r.rule.sql)

@@ -723,7 +723,8 @@ _RULE_ERRORS = (ConditionError, RuleRunError, compose.StageError, pl.exceptions.
 
 
 def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
-    return _precheck(run, rule) or _evaluate(run, rule, {**rule.defaults(), **(params or {})})
+    pre = _precheck(run, rule)
+    return pre if pre is not None else _evaluate(run, rule, {**rule.defaults(), **(params or {})})
 
 
 def _evaluate(run: Run, rule: Rule, values: dict, job: _SqlRun | None = None) -> RuleResult:
@@ -805,18 +806,20 @@ def run_rules(run: Run, rules: list[Rule], overrides: dict[str, dict] | None = N
     held: list[tuple[int, _SqlRun]] = []
     for i, r in enumerate(rules):
         try:
-            if r.sql is not None and (pre := _precheck(run, r)) is None:
-                try:
-                    job = _SqlRun(run, r)
-                except _RULE_ERRORS as e:
-                    out[i] = _error(r, e)
-                    continue
-                if job.rows() <= BATCH_ROWS:
-                    held.append((i, job))
-                    continue
-                out[i] = _evaluate(run, r, {**r.defaults(), **(overrides.get(r.id) or {})}, job)
+            values = {**r.defaults(), **(overrides.get(r.id) or {})}
+            pre = _precheck(run, r)
+            if pre is not None or r.sql is None:
+                out[i] = pre if pre is not None else _evaluate(run, r, values)
+                continue
+            try:
+                job = _SqlRun(run, r)  # builds the tables it reads, here, in the rules' order
+            except _RULE_ERRORS as e:
+                out[i] = _error(r, e)
+                continue
+            if job.rows() <= BATCH_ROWS:
+                held.append((i, job))
             else:
-                out[i] = pre if r.sql is not None else evaluate(run, r, overrides.get(r.id))
+                out[i] = _evaluate(run, r, values, job)
         except Exception as e:  # a rule (or the derived table it reads) that breaks must not hide the others' findings
             out[i] = _internal(r, e)
     _run_side_by_side([job for _, job in held])
