@@ -291,13 +291,17 @@ def test_every_pack_statement_gives_by_steps_what_it_gives_cte_by_cte(fixture):
     assert checked >= 10, checked
 
 
-@pytest.mark.parametrize("fixture", ["cpu8-desync", "h200x2-straggler"])
-def test_the_pack_side_by_side_gives_what_each_rule_gives_alone(fixture):
-    """run_rules holds the SQL rules back and runs them side by side; each rule evaluated on its own must give the
-    same status, reason and findings (messages, evidence), in the same order."""
+@pytest.mark.parametrize("fixture,batch_rows", [("cpu8-desync", None), ("h200x2-straggler", None), ("cpu8-desync", 0)])
+def test_the_pack_side_by_side_gives_what_each_rule_gives_alone(fixture, batch_rows, monkeypatch):
+    """run_rules holds the SQL rules back and runs them side by side (or, over tables above BATCH_ROWS, one by one from
+    the job it prepared); each rule evaluated on its own must give the same status, reason and findings (messages,
+    evidence), in the same order."""
     from traceql import pipeline
+    from traceql.rules import engine
     from traceql.rules.engine import run_rules
 
+    if batch_rows is not None:
+        monkeypatch.setattr(engine, "BATCH_ROWS", batch_rows)
     rules = load_rules()
     run = pipeline.load_run(Path(__file__).resolve().parents[1] / "fixtures" / fixture)
     together = run_rules(run, rules)
