@@ -314,3 +314,18 @@ def test_the_pack_side_by_side_gives_what_each_rule_gives_alone(fixture, batch_r
     assert seen(together) == seen(alone)
     assert sum(1 for r in together if r.rule.sql and r.status == "ran") >= 8
     assert any(r.findings for r in together if r.rule.sql)
+
+
+def test_a_kept_condition_is_never_used_where_its_names_or_params_differ():
+    df = pl.DataFrame({"n": [1, 2, 3], "m": [3, 2, 1]})
+    assert df.filter(compile_condition("n >= limit", {"limit": 2}, ["n", "m"]))["n"].to_list() == [2, 3]
+    assert df.filter(compile_condition("n >= limit", {"limit": 3}, ["n", "m"]))["n"].to_list() == [3]
+    # True and 1 hash alike; they compile to different literals
+    assert compile_condition("flag", {"flag": True}, []).meta.serialize(format="json") != \
+        compile_condition("flag", {"flag": 1}, []).meta.serialize(format="json")
+    # "m" is a column here and a param there
+    assert df.filter(compile_condition("n >= m", {}, ["n", "m"]))["n"].to_list() == [2, 3]
+    assert df.filter(compile_condition("n >= m", {"m": 3}, ["n", "m"]))["n"].to_list() == [3]
+    # compiled once against columns that have "m": a frame without it still gets its own error
+    with pytest.raises(ConditionError, match="unknown name 'm'"):
+        compile_condition("n >= m", {}, ["n", "x"])

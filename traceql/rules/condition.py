@@ -10,6 +10,7 @@ coalesce(a, b, ...) (the first that is not null), when(test, a, b) (a where test
 from __future__ import annotations
 
 import ast
+import functools
 import re
 
 import polars as pl
@@ -24,13 +25,23 @@ _NULL_WORD = re.compile(r"\bis\s+(not\s+)?null\b")
 
 def compile_condition(text: str, params: dict[str, object], columns: list[str]) -> pl.Expr:
     """The condition as a polars expression over `columns`, with the params' values in it. Kept per text, params and
-    column set: a rule's condition is compiled at load (against its recorded columns) and again at run time, on the
-    same columns, and polars expressions are immutable, so the one expression serves both."""
+    the columns among the text's words (the only names it can read): a rule's condition is compiled at load (against
+    its recorded columns) and again at run time, and polars expressions are immutable, so one expression serves both.
+    A condition that fails is not kept (its error names every column of the frame at hand)."""
     try:
-        key = (str(text), _frozen(params), frozenset(columns))
+        words = _words(str(text))
+        key = (str(text), _frozen(params), frozenset(c for c in columns if c in words))
     except TypeError:  # a param value that is no plain data: compile it each time
         return _compile(text, params, columns)
     return _cached(key, text, params, columns)
+
+
+@functools.lru_cache(maxsize=4096)
+def _words(text: str) -> frozenset[str]:
+    return frozenset(_WORD.findall(text))
+
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _frozen(v):
