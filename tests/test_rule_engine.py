@@ -182,3 +182,150 @@ def test_a_per_rank_sql_rule_failing_on_one_rank_is_an_error_and_the_others_run(
     res = run_rules(run_with_kernels({0: ["comm", "comm"], 1: ["comm", "comm"], 2: ["comm", "comm"]}), [broken, good])
     assert res[0].status == "error" and "TQL998-test-rule.yaml" in res[0].reason
     assert res[1].status == "ran" and sorted(f.ranks[0] for f in res[1].findings) == [0, 1, 2]
+
+
+def _sql_rule(tmp_path, rid: str, sql: str, cross: bool = False, validate: bool = True):
+    from traceql.rules.loader import load_yaml, parse_rule
+
+    text = GOOD.replace("TQL999", rid).replace(
+        "select: {measure: count, table: kernels, where: {kind: comm}, per: [rank]}",
+        f"sql: \"{sql}\"" + ("\ncross_rank: true" if cross else ""))
+    p = write(tmp_path, text, f"{rid}-test-rule.yaml")
+    return load_rule(p) if validate else parse_rule(load_yaml(p), p, validate=False)
+
+
+@pytest.mark.parametrize("where", ["plan", "collect"])
+def test_a_sql_rule_failing_beside_others_gets_its_own_error_and_the_others_their_findings(tmp_path, where, monkeypatch):
+    """SQL rules over small tables run side by side (one collect_all per step of every rule): a rule whose plan (an
+    unknown column) or whose rows (a cast that fails in its second CTE) fail runs again alone, with the error it gets
+    alone, and the rules beside it give the findings they give alone."""
+    from traceql.rules.engine import run_rules
+
+    bad_sql = ("WITH a AS (SELECT rank, kind FROM kernels), b AS (SELECT rank, CAST(kind AS INT) AS k FROM a) "
+               "SELECT rank, count(*) AS n FROM b GROUP BY rank") if where == "collect" else \
+        "SELECT rank, count(no_such_column) AS n FROM kernels GROUP BY rank"
+    rules = [
+        _sql_rule(tmp_path, "TQL991", "WITH c AS (SELECT rank, kind FROM kernels WHERE kind = 'comm') "
+                                      "SELECT rank, count(*) AS n FROM c GROUP BY rank ORDER BY rank"),
+        _sql_rule(tmp_path, "TQL992", bad_sql, validate=where == "collect"),  # load would refuse the unknown column
+        _sql_rule(tmp_path, "TQL993", "WITH c AS (SELECT rank FROM kernels), d AS (SELECT rank FROM c) "
+                                      "SELECT rank, count(*) AS n FROM d GROUP BY rank ORDER BY rank", cross=True),
+        load_rule(write(tmp_path, GOOD)),
+    ]
+    run = run_with_kernels({0: ["comm", "comm", "compute"], 1: ["comm", "comm"], 2: ["compute"]})
+    from traceql.rules import engine
+
+    seen = []
+    side_by_side = engine._run_side_by_side
+
+    def spy(jobs):
+        side_by_side(jobs)
+        seen.extend(j.failed for j in jobs)
+
+    monkeypatch.setattr(engine, "_run_side_by_side", spy)
+    together = run_rules(run, rules)
+    assert seen == [False, True, False]  # the three SQL rules ran side by side, and the broken one failed there
+    alone = [evaluate(run, r) for r in rules]
+    assert [(r.status, r.reason) for r in together] == [(r.status, r.reason) for r in alone]
+    assert together[1].status == "error" and "TQL992-test-rule.yaml" in together[1].reason
+    for t, a in zip(together, alone):
+        assert [(f.ranks, f.message, f.evidence) for f in t.findings] == [(f.ranks, f.message, f.evidence) for f in a.findings]
+    assert [f.ranks for f in together[0].findings] == [[0], [1]]
+    assert [f.ranks for f in together[2].findings] == [[0], [1]]  # n >= 2: rank 2 has one kernel
+
+
+def test_cte_steps_run_independent_ctes_together_and_keep_text_order_where_names_meet():
+    from traceql.rules.engine import cte_steps
+
+    q = "WITH a AS (SELECT 1 AS x), b AS (SELECT 2 AS x), c AS (SELECT * FROM a JOIN b USING (x)) SELECT * FROM c"
+    assert [[n for n, _ in s] for s in cte_steps(q)] == [["a", "b"], ["c"], [None]]
+    # b shadows the table kernels that a reads: a must run first, or it would read b's rows
+    q = "WITH a AS (SELECT * FROM kernels), kernels AS (SELECT 1 AS x) SELECT * FROM a, kernels"
+    assert [[n for n, _ in s] for s in cte_steps(q)] == [["a"], ["kernels"], [None]]
+    # one name twice: the later definition wins, as run one by one
+    q = "WITH a AS (SELECT 1 AS x), a AS (SELECT 2 AS x) SELECT * FROM a"
+    assert [[n for n, _ in s] for s in cte_steps(q)] == [["a"], ["a"], [None]]
+    assert cte_steps("SELECT 1 AS x") == (((None, "SELECT 1 AS x"),),)
+
+
+def _rows(df: pl.DataFrame) -> list[str]:
+    """The rows as a multiset, floats to 12 significant digits: polars' threads may sum a group in another order."""
+    def norm(v):
+        return float(f"{v:.12g}") if isinstance(v, float) else [norm(x) for x in v] if isinstance(v, list) else v
+
+    return sorted(repr([norm(v) for v in row]) for row in df.rows())
+
+
+def _one_by_one(ctx: pl.SQLContext, query: str) -> pl.DataFrame:
+    """A statement's CTEs run one by one in text order, each registered for the next: the order before steps."""
+    from traceql.rules.engine import split_ctes
+
+    parts = split_ctes(query)
+    if parts is None:
+        return ctx.execute(query, eager=False).collect()
+    for name, body in parts[0]:
+        ctx.register(name, ctx.execute(body, eager=False).collect())
+    return ctx.execute(parts[1], eager=False).collect()
+
+
+@pytest.mark.parametrize("fixture", ["cpu8-desync", "h200x2-straggler"])
+def test_every_pack_statement_gives_by_steps_what_it_gives_cte_by_cte(fixture):
+    from traceql import link, pipeline
+    from traceql.rules import engine
+
+    run = pipeline.load_run(Path(__file__).resolve().parents[1] / "fixtures" / fixture)
+    checked = 0
+    for rule in load_rules():
+        if not rule.sql or engine.split_ctes(rule.sql) is None:
+            continue
+        names = [n for n in sorted(set(run.tables) | set(link.derived_tables()) | set(rule.views or {}))
+                 if n.lower() in engine.sql_guard.read_tables(rule.sql)]
+        try:
+            frames = {n: engine.table(run, n, rule.views) for n in names}
+            want = _one_by_one(pl.SQLContext(frames=frames), rule.sql)
+        except pl.exceptions.PolarsError:
+            continue  # the rule's tables are not in this run
+        got = engine.execute_sql(pl.SQLContext(frames=frames), rule.sql)
+        assert got.columns == want.columns and _rows(got) == _rows(want), rule.id
+        checked += 1
+    assert checked >= 10, checked
+
+
+@pytest.mark.parametrize("fixture,batch_rows", [("cpu8-desync", None), ("h200x2-straggler", None), ("cpu8-desync", 0)])
+def test_the_pack_side_by_side_gives_what_each_rule_gives_alone(fixture, batch_rows, monkeypatch):
+    """run_rules holds the SQL rules back and runs them side by side (or, over tables above BATCH_ROWS, one by one from
+    the job it prepared); each rule evaluated on its own must give the same status, reason and findings (messages,
+    evidence), in the same order."""
+    from traceql import pipeline
+    from traceql.rules import engine
+    from traceql.rules.engine import run_rules
+
+    if batch_rows is not None:
+        monkeypatch.setattr(engine, "BATCH_ROWS", batch_rows)
+    rules = load_rules()
+    run = pipeline.load_run(Path(__file__).resolve().parents[1] / "fixtures" / fixture)
+    together = run_rules(run, rules)
+    alone = [evaluate(run, r) for r in rules]
+
+    def seen(res):
+        return [(r.rule.id, r.status, r.reason, [(f.ranks, f.step, f.message, f.evidence) for f in r.findings])
+                for r in res]
+
+    assert seen(together) == seen(alone)
+    assert sum(1 for r in together if r.rule.sql and r.status == "ran") >= 8
+    assert any(r.findings for r in together if r.rule.sql)
+
+
+def test_a_kept_condition_is_never_used_where_its_names_or_params_differ():
+    df = pl.DataFrame({"n": [1, 2, 3], "m": [3, 2, 1]})
+    assert df.filter(compile_condition("n >= limit", {"limit": 2}, ["n", "m"]))["n"].to_list() == [2, 3]
+    assert df.filter(compile_condition("n >= limit", {"limit": 3}, ["n", "m"]))["n"].to_list() == [3]
+    # True and 1 hash alike; they compile to different literals
+    assert compile_condition("flag", {"flag": True}, []).meta.serialize(format="json") != \
+        compile_condition("flag", {"flag": 1}, []).meta.serialize(format="json")
+    # "m" is a column here and a param there
+    assert df.filter(compile_condition("n >= m", {}, ["n", "m"]))["n"].to_list() == [2, 3]
+    assert df.filter(compile_condition("n >= m", {"m": 3}, ["n", "m"]))["n"].to_list() == [3]
+    # compiled once against columns that have "m": a frame without it still gets its own error
+    with pytest.raises(ConditionError, match="unknown name 'm'"):
+        compile_condition("n >= m", {}, ["n", "x"])

@@ -18,8 +18,9 @@ def _keys(per: list[str]) -> list[str]:
     return list(per) if per else ["rank"]
 
 
-def _clean(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
-    """Drop rows without an interval or without a value in a grouping key (a kernel outside every step)."""
+def _clean(df, per: list[str]):
+    """Drop rows without an interval or without a value in a grouping key (a kernel outside every step). A frame or
+    a lazy frame, as given."""
     cond = pl.col("ts").is_not_null() & pl.col("end").is_not_null() & (pl.col("end") >= pl.col("ts"))
     for k in per:
         cond = cond & pl.col(k).is_not_null()
@@ -30,20 +31,23 @@ def coverage(sel: pl.DataFrame, against: pl.DataFrame | None, per: list[str]) ->
     """Union of `sel`, union of `against` and the length of their intersection, per group.
 
     |A ∩ B| = |A| + |B| - |A ∪ B|, each union from one stable sort of the intervals by group and start (see
-    _union_ns): integer nanoseconds throughout, so the result is exactly the boundary sweep's (+1 at a start, -1
-    at an end, spans where both counters are positive), from fewer and better-sorted rows.
+    _union_plan): integer nanoseconds throughout, so the result is exactly the boundary sweep's (+1 at a start, -1
+    at an end, spans where both counters are positive), from fewer and better-sorted rows. One lazy query (the three
+    unions, their joins and the ratios) on the in-memory engine: on the small frames most rules read, a query's fixed
+    cost is most of the work, and twenty eager steps cost twice what one plan does.
     """
     per = _keys(per)
     # only the columns the sweep reads: filtering wide frames (kernel names) costs more than the sweep
-    sel = _clean(sel.select(*per, "ts", "end"), per)
-    a = union_ns(sel, per).rename({"_u": "_a"})
-    out = a.with_columns(pl.lit(0, pl.Int64).alias("_b"), pl.lit(0, pl.Int64).alias("_i"))
-    if against is not None:
-        against = _clean(against.select(*per, "ts", "end"), per)
+    s = _clean(sel.lazy().select(*per, "ts", "end"), per)
+    a = _union_plan(s, per).rename({"_u": "_a"})
+    if against is None:
+        out = a.with_columns(pl.lit(0, pl.Int64).alias("_b"), pl.lit(0, pl.Int64).alias("_i"))
+    else:
         # cast keys to the selection's dtypes so the two sides concatenate
-        against = against.with_columns([pl.col(k).cast(sel.schema[k]) for k in per])
-        b = union_ns(against, per).select(*per, pl.col("_u").alias("_b"))
-        both = union_ns(pl.concat([sel, against], how="vertical"), per).select(*per, pl.col("_u").alias("_ab"))
+        o = _clean(against.lazy().select(*per, "ts", "end").with_columns([pl.col(k).cast(sel.schema[k]) for k in per]),
+                   per)
+        b = _union_plan(o, per).select(*per, pl.col("_u").alias("_b"))
+        both = _union_plan(pl.concat([s, o], how="vertical"), per).select(*per, pl.col("_u").alias("_ab"))
         out = a.join(b, on=per, how="left", nulls_equal=True).join(both, on=per, how="left", nulls_equal=True)
         out = out.with_columns(pl.col("_b").fill_null(0)).with_columns((pl.col("_a") + pl.col("_b") - pl.col("_ab")).alias("_i"))
     out = out.select(
@@ -53,29 +57,34 @@ def coverage(sel: pl.DataFrame, against: pl.DataFrame | None, per: list[str]) ->
     return out.with_columns(
         (pl.col("sel_ms") - pl.col("overlap_ms")).clip(lower_bound=0.0).alias("exposed_ms"),
         pl.when(pl.col("sel_ms") > 0).then(pl.col("overlap_ms") / pl.col("sel_ms") * 100.0).otherwise(None).alias("overlap_pct"),
-    ).sort(per)
+    ).sort(per).collect(engine="in-memory")
 
 
 def union_ns(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:
-    """per, _u (busy ns of the union of the group's intervals), _n (how many) for clean intervals.
+    """per, _u (busy ns of the union of the group's intervals), _n (how many) for clean intervals (_union_plan)."""
+    # one lazy query, on the in-memory engine (polars' default picks streaming, far dearer on tables this size)
+    return _union_plan(df.lazy().select(*per, "ts", "end"), per).collect(engine="in-memory")
+
+
+def _union_plan(lf: pl.LazyFrame, per: list[str]) -> pl.LazyFrame:
+    """union_ns as a plan over clean intervals (per, ts, end).
 
     One stable sort by group and start; each interval adds what reaches past the furthest end before it (the
     running maximum of the group's earlier ends). Rows of a group are contiguous once sorted, so they are numbered
     by run and the running maximum is a window over one integer key."""
-    # one lazy query, on the in-memory engine (polars' default picks streaming, far dearer on tables this size)
-    df = df.lazy().select(*per, "ts", "end").sort([*per, "ts"], maintain_order=True)
-    df = df.with_columns(pl.struct(per).rle_id().alias("_g"))
-    df = df.with_columns(pl.col("end").cum_max().shift(1).over("_g").alias("_pm"))
+    lf = lf.sort([*per, "ts"], maintain_order=True)
+    lf = lf.with_columns(pl.struct(per).rle_id().alias("_g"))
+    lf = lf.with_columns(pl.col("end").cum_max().shift(1).over("_g").alias("_pm"))
     adds = (pl.col("end") - pl.max_horizontal("ts", "_pm")).clip(lower_bound=0)
-    return df.group_by("_g").agg(*[pl.col(k).first() for k in per], adds.sum().alias("_u"), pl.len().alias("_n")).drop("_g") \
-        .collect(engine="in-memory")
+    return lf.group_by("_g").agg(*[pl.col(k).first() for k in per], adds.sum().alias("_u"), pl.len().alias("_n")).drop("_g")
 
 
 def union(sel: pl.DataFrame, per: list[str]) -> pl.DataFrame:
     """Busy time of the union of the intervals per group, and how many there are."""
     per = _keys(per)
-    out = union_ns(_clean(sel.select(*per, "ts", "end"), per), per)
-    return out.select(*per, (pl.col("_u") / NS_PER_MS).alias("union_ms"), pl.col("_n").alias("n")).sort(per)
+    out = _union_plan(_clean(sel.lazy().select(*per, "ts", "end"), per), per)
+    return out.select(*per, (pl.col("_u") / NS_PER_MS).alias("union_ms"), pl.col("_n").alias("n")).sort(per) \
+        .collect(engine="in-memory")
 
 
 def segments(df: pl.DataFrame, per: list[str]) -> pl.DataFrame:

@@ -25,14 +25,23 @@ class StageError(ValueError):
 
 def compute(df: pl.DataFrame, exprs: dict[str, str], params: dict) -> pl.DataFrame:
     """New columns from expressions over the frame's columns and the params, in order: a later one may use an
-    earlier one. The grammar is the condition's (rules/condition.py)."""
+    earlier one. The grammar is the condition's (rules/condition.py). Expressions that read none of the columns made
+    (or replaced) since the last query go to polars in one with_columns: the same columns, fewer queries."""
+    cols = list(df.columns)
+    group: dict[str, pl.Expr] = {}
     for name, text in exprs.items():
         try:
-            expr = compile_condition(str(text), params, df.columns)
+            expr = compile_condition(str(text), params, cols)
         except ConditionError as e:
             raise StageError(f"compute.{name}: {e}") from None
-        df = df.with_columns(expr.alias(str(name)))
-    return df
+        name = str(name)
+        if name in group or set(expr.meta.root_names()) & set(group):
+            df = df.with_columns([e.alias(n) for n, e in group.items()])
+            group = {}
+        group[name] = expr
+        if name not in cols:
+            cols.append(name)
+    return df.with_columns([e.alias(n) for n, e in group.items()]) if group else df
 
 
 def keep(df: pl.DataFrame, text: str, params: dict) -> pl.DataFrame:
@@ -141,8 +150,17 @@ def join(left: pl.DataFrame, right: pl.DataFrame, on: list[str], how: str, prefi
         right = right.drop("step_ms")
     pre = {"right": prefix} if isinstance(prefix, str) else dict(prefix or {})
     if pre.get("left"):
-        left = left.rename({c: f"{pre['left']}{c}" for c in left.columns if c not in on})
+        left = _renamed(left, {c: f"{pre['left']}{c}" for c in left.columns if c not in on})
     if pre.get("right"):
-        right = right.rename({c: f"{pre['right']}{c}" for c in right.columns if c not in on})
-    right = right.with_columns([pl.col(k).cast(left.schema[k]) for k in on])
+        right = _renamed(right, {c: f"{pre['right']}{c}" for c in right.columns if c not in on})
+    casts = [pl.col(k).cast(left.schema[k]) for k in on if right.schema[k] != left.schema[k]]
+    if casts:
+        right = right.with_columns(casts)
     return left.join(right, on=on, how=how, nulls_equal=True, suffix="_right")
+
+
+def _renamed(df: pl.DataFrame, names: dict[str, str]) -> pl.DataFrame:
+    """df.rename(names) without a polars query: the same columns under their new names."""
+    if len(set(names.values()) | (set(df.columns) - set(names))) < df.width:  # a clash: polars names the problem
+        return df.rename(names)
+    return pl.DataFrame([s.alias(names.get(s.name, s.name)) for s in df.get_columns()], height=df.height)

@@ -10,6 +10,7 @@ coalesce(a, b, ...) (the first that is not null), when(test, a, b) (a where test
 from __future__ import annotations
 
 import ast
+import functools
 import re
 
 import polars as pl
@@ -23,6 +24,49 @@ _NULL_WORD = re.compile(r"\bis\s+(not\s+)?null\b")
 
 
 def compile_condition(text: str, params: dict[str, object], columns: list[str]) -> pl.Expr:
+    """The condition as a polars expression over `columns`, with the params' values in it. Kept per text, params and
+    the columns among the text's words (the only names it can read): a rule's condition is compiled at load (against
+    its recorded columns) and again at run time, and polars expressions are immutable, so one expression serves both.
+    A condition that fails is not kept (its error names every column of the frame at hand)."""
+    try:
+        words = _words(str(text))
+        key = (str(text), _frozen(params), frozenset(c for c in columns if c in words))
+    except TypeError:  # a param value that is no plain data: compile it each time
+        return _compile(text, params, columns)
+    return _cached(key, text, params, columns)
+
+
+@functools.lru_cache(maxsize=4096)
+def _words(text: str) -> frozenset[str]:
+    return frozenset(_WORD.findall(text))
+
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _frozen(v):
+    """A hashable stand-in for a param value that keeps its type (True, 1 and 1.0 compile to different literals)."""
+    if isinstance(v, dict):
+        return ("dict", tuple(sorted((str(k), _frozen(x)) for k, x in v.items())))
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, tuple(_frozen(x) for x in v))
+    hash(v)
+    return (type(v).__name__, v)
+
+
+_CACHE: dict[tuple, pl.Expr] = {}
+
+
+def _cached(key, text, params, columns) -> pl.Expr:
+    hit = _CACHE.get(key)
+    if hit is None:
+        if len(_CACHE) >= 4096:  # a long-lived process (traceql serve) checking many packs: start over
+            _CACHE.clear()
+        hit = _CACHE[key] = _compile(text, params, columns)
+    return hit
+
+
+def _compile(text: str, params: dict[str, object], columns: list[str]) -> pl.Expr:
     src = _NULL_WORD.sub(lambda m: "is not None" if m.group(1) else "is None", str(text))
     try:
         tree = ast.parse(src, mode="eval")

@@ -80,16 +80,27 @@ def select(run: Run, table_name: str, where: dict | None, keep: list[str] | None
         if a not in df.columns or b not in df.columns:
             raise RuleRunError(f"field 'select.span': no column {a if a not in df.columns else b!r} in {table_name}; "
                                f"valid columns: {list(df.columns)}")
-        df = df.drop([c for c in ("ts", "end") if c in df.columns]).rename({a: "ts", b: "end"})
+        if {a, b} & {"ts", "end"}:
+            df = df.drop([c for c in ("ts", "end") if c in df.columns]).rename({a: "ts", b: "end"})
+        else:
+            df = pick(df, [c for c in df.columns if c not in ("ts", "end")], {a: "ts", b: "end"})
     if keep is not None and set(keep) | set(where or {}) <= set(df.columns):  # else errors name every column
         wanted = set(keep) | set(where or {}) | {"source", "name"}
-        df = df.select([c for c in df.columns if c in wanted])
+        df = pick(df, [c for c in df.columns if c in wanted])
     if where:
         expr = pl.lit(True)
         for col, cond in where.items():
             expr = expr & _filter_expr(col, cond, df.schema)
-        df = df.filter(expr.fill_null(False))
+        if df.height:  # no rows: nothing to filter (the expression is still checked against the columns above)
+            df = df.filter(expr.fill_null(False))
     return df
+
+
+def pick(df: pl.DataFrame, cols: list[str], names: dict[str, str] | None = None) -> pl.DataFrame:
+    """The frame's columns `cols` in that order, renamed by `names`: the same columns, no polars query (a select or
+    rename of a small frame is a query whose fixed cost is most of a rule's)."""
+    names = names or {}
+    return pl.DataFrame([df.get_column(c).alias(names.get(c, c)) for c in cols], height=df.height)
 
 
 def _with_step_time(run: Run, out: pl.DataFrame) -> pl.DataFrame:
@@ -97,8 +108,10 @@ def _with_step_time(run: Run, out: pl.DataFrame) -> pl.DataFrame:
     if not {"rank", "step"} <= set(out.columns) or "step_ms" in out.columns:
         return out
     # the longer of the step's host range and its GPU work's span (link.steps.step_times): the GPU runs behind
-    st = link.ensure(run, "step_times").select("rank", "step", "step_ms")
-    st = st.with_columns(pl.col("rank").cast(out.schema["rank"]), pl.col("step").cast(out.schema["step"]))
+    st = pick(link.ensure(run, "step_times"), ["rank", "step", "step_ms"])
+    casts = [pl.col(k).cast(out.schema[k]) for k in ("rank", "step") if st.schema[k] != out.schema[k]]
+    if casts:
+        st = st.with_columns(casts)
     return out.join(st, on=["rank", "step"], how="left")
 
 
@@ -276,22 +289,58 @@ def _split_ctes(sql: str) -> tuple[tuple[tuple[str, str], ...], str] | None:
 
 
 def execute_sql(ctx: pl.SQLContext, query: str) -> pl.DataFrame:
-    """The query's rows. Its CTEs run one by one, each result registered as a table for the next: polars plans a
-    statement whose CTEs read each other more than once as a tree, whose size doubles with each such level (20 CTEs
-    of that kind took seconds on 60 rows), where running them in turn costs their sum."""
+    """The query's rows. Its CTEs run level by level (cte_steps), each result registered as a table for the next: polars
+    plans a statement whose CTEs read each other more than once as a tree, whose size doubles with each such level (20
+    CTEs of that kind took seconds on 60 rows), where running them in turn costs their sum."""
     return execute_sql_all([ctx], query)[0]
 
 
 def execute_sql_all(ctxs: list[pl.SQLContext], query: str) -> list[pl.DataFrame]:
-    """execute_sql in each context (a per-rank rule's rank partitions): each level of CTEs of every context in one
-    collect_all, so the partitions run side by side on polars' threads instead of one small query after another."""
-    parts = split_ctes(query)
-    if parts is not None:
-        for name, body in parts[0]:
-            for ctx, df in zip(ctxs, pl.collect_all([c.execute(body, eager=False) for c in ctxs], engine=link.POLARS_ENGINE)):
-                ctx.register(name, df)
-    return pl.collect_all([c.execute(query if parts is None else parts[1], eager=False) for c in ctxs],
+    """execute_sql in each context (a per-rank rule's rank partitions): each step of every context in one collect_all,
+    so the partitions run side by side on polars' threads instead of one small query after another."""
+    steps = cte_steps(query)
+    for step in steps[:-1]:
+        dfs = pl.collect_all([c.execute(body, eager=False) for _, body in step for c in ctxs], engine=link.POLARS_ENGINE)
+        _register(step, ctxs, dfs)
+    return pl.collect_all([c.execute(final, eager=False) for _, final in steps[-1] for c in ctxs],
                           engine=link.POLARS_ENGINE)
+
+
+def _register(step, ctxs: list[pl.SQLContext], dfs: list[pl.DataFrame]) -> None:
+    """A step's CTE results, each registered under its name in the context it ran in (plans are ordered CTE by CTE,
+    then context by context)."""
+    it = iter(dfs)
+    for name, _ in step:
+        for c in ctxs:
+            c.register(name, next(it))
+
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@functools.lru_cache(maxsize=1024)
+def cte_steps(query: str) -> tuple[tuple[tuple[str | None, str], ...], ...]:
+    """The statement as steps that run one after another: its CTEs grouped by dependency level, those of one level
+    reading none of the others' names (so they run side by side, in one collect_all), then the final SELECT (name
+    None). Each CTE sees exactly the tables it saw run one by one in text order: of two CTEs where either names the
+    other (or both have one name, or the earlier names a table the later one shadows), the later runs a step after.
+    Names are matched as words anywhere in the text, strings and comments included: a word too many only orders two
+    CTEs that could have run together. A statement without a plain leading WITH (split_ctes) is one step."""
+    parts = split_ctes(query)
+    if parts is None:
+        return (((None, query),),)
+    ctes, final = parts
+    names = [n.lower() for n, _ in ctes]
+    words = [{w.lower() for w in _WORD.findall(body)} for _, body in ctes]
+    level: list[int] = []
+    for j in range(len(ctes)):
+        lv = 0
+        for i in range(j):
+            if names[i] in words[j] or names[j] in words[i] or names[i] == names[j]:
+                lv = max(lv, level[i] + 1)
+        level.append(lv)
+    steps = [tuple(c for c, lv in zip(ctes, level) if lv == k) for k in range(max(level) + 1)]
+    return (*steps, ((None, final),))
 
 
 # ranks of a per-rank rule run together (execute_sql_all): enough to fill the threads, few enough that their CTEs'
@@ -313,44 +362,135 @@ def _partitions(df: pl.DataFrame) -> tuple[list[int], dict[int, tuple[int, int]]
     return ranks, _PARTS[key][2]
 
 
-def _sql(run: Run, rule: Rule) -> pl.DataFrame:
-    query = rule.sql
-    known = set(run.tables) | set(link.derived_tables()) | set(rule.views or {})
-    read: set[str] = set()
-    try:  # again here, with the run's table names: only those reach polars, and no table function does
-        sql_guard.check(query, known, read)
-    except sql_guard.SqlRefused as e:
-        raise RuleRunError(f"field 'sql': {e}") from None
-    names = [n for n in sorted(known) if n.lower() in read]  # views.named, from the check's own reading
-    frames = {n: table(run, n, rule.views) for n in names}
-    if rule.cross_rank:
-        return execute_sql(pl.SQLContext(frames=frames), query)
-    parts = {n: _partitions(df) for n, df in frames.items() if "rank" in df.columns}
-    ranks = sorted({r for rs, _ in parts.values() for r in rs})
-    outs = []
-    for i in range(0, len(ranks), RANK_BATCH):
-        batch = ranks[i:i + RANK_BATCH]
-        ctxs = []
-        for r in batch:
-            # lazy partitions: the query's own filters and projections reach the scan; where a table holds each
-            # rank in one block of rows (the usual case), the partition is that block (a zero-copy slice), else a
-            # filter
-            part = {}
-            for n, df in frames.items():
-                if "rank" not in df.columns:
-                    part[n] = df.lazy()
-                elif parts[n][1] is not None:
-                    off, ln = parts[n][1].get(r, (0, 0))
-                    part[n] = df.slice(off, ln).lazy()
-                else:
-                    part[n] = df.lazy().filter(pl.col("rank") == r)
-            ctxs.append(pl.SQLContext(frames=part))
-        for r, res in zip(batch, execute_sql_all(ctxs, query)):
-            if res.height:
-                if "rank" not in res.columns:
-                    res = res.with_columns(pl.lit(r, pl.Int32).alias("rank"))
-                outs.append(res)
-    return pl.concat(outs, how="diagonal_relaxed") if outs else pl.DataFrame()
+class _SqlRun:
+    """One SQL rule's statement over the run, step by step (cte_steps): plans() gives the current step's plans (each
+    CTE of the step in each context: the run's tables for a cross-rank rule, else one per rank of the current batch of
+    RANK_BATCH ranks), take() their results, until `result` holds the rule's rows. Run alone (_sql), or side by side
+    with the other SQL rules of a run (run_rules), whose plans of one step go to polars in one collect_all."""
+
+    def __init__(self, run: Run, rule: Rule):
+        query = rule.sql
+        known = set(run.tables) | set(link.derived_tables()) | set(rule.views or {})
+        read: set[str] = set()
+        try:  # again here, with the run's table names: only those reach polars, and no table function does
+            sql_guard.check(query, known, read)
+        except sql_guard.SqlRefused as e:
+            raise RuleRunError(f"field 'sql': {e}") from None
+        names = [n for n in sorted(known) if n.lower() in read]  # views.named, from the check's own reading
+        self.frames = {n: table(run, n, rule.views) for n in names}
+        self.steps = cte_steps(query)
+        self.result: pl.DataFrame | None = None
+        self.failed = False  # its plans or results failed beside other rules' (_run_side_by_side)
+        self._outs: list[pl.DataFrame] = []
+        if rule.cross_rank:
+            self._batches: list[list[int] | None] = [None]
+        else:
+            self._parts = {n: _partitions(df) for n, df in self.frames.items() if "rank" in df.columns}
+            ranks = sorted({r for rs, _ in self._parts.values() for r in rs})
+            self._batches = [ranks[i:i + RANK_BATCH] for i in range(0, len(ranks), RANK_BATCH)]
+        self._b = -1
+        self._next_batch()
+
+    def rows(self) -> int:
+        """The rows of the tables it reads: what decides whether it runs beside other rules (their steps' results are
+        held together)."""
+        return sum(df.height for df in self.frames.values())
+
+    def _next_batch(self) -> None:
+        self._b += 1
+        self._s = 0
+        if self._b == len(self._batches):
+            if self._batches == [None]:  # cross-rank: the statement's rows as they are, even none
+                self.result = self._outs[0]
+            else:
+                self.result = pl.concat(self._outs, how="diagonal_relaxed") if self._outs else pl.DataFrame()
+            return
+        batch = self._batches[self._b]
+        self._ctxs = [pl.SQLContext(frames=self.frames)] if batch is None else [pl.SQLContext(frames=self._part(r))
+                                                                                for r in batch]
+
+    def _part(self, r: int) -> dict[str, pl.LazyFrame]:
+        # lazy partitions: the query's own filters and projections reach the scan; where a table holds each rank in one
+        # block of rows (the usual case), the partition is that block (a zero-copy slice), else a filter
+        part = {}
+        for n, df in self.frames.items():
+            if "rank" not in df.columns:
+                part[n] = df.lazy()
+            elif self._parts[n][1] is not None:
+                off, ln = self._parts[n][1].get(r, (0, 0))
+                part[n] = df.slice(off, ln).lazy()
+            else:
+                part[n] = df.lazy().filter(pl.col("rank") == r)
+        return part
+
+    def plans(self) -> list[pl.LazyFrame]:
+        return [c.execute(body, eager=False) for _, body in self.steps[self._s] for c in self._ctxs]
+
+    def take(self, dfs: list[pl.DataFrame]) -> None:
+        step = self.steps[self._s]
+        if step[0][0] is not None:
+            _register(step, self._ctxs, dfs)
+            self._s += 1
+            return
+        batch = self._batches[self._b]
+        if batch is None:
+            self._outs.append(dfs[0])
+        else:
+            for r, res in zip(batch, dfs):
+                if res.height:
+                    if "rank" not in res.columns:
+                        res = res.with_columns(pl.lit(r, pl.Int32).alias("rank"))
+                    self._outs.append(res)
+        self._next_batch()
+
+
+def _sql(run: Run, rule: Rule, job: _SqlRun | None = None) -> pl.DataFrame:
+    """The rule's SQL rows: the job's (prepared, or run side by side already), else a job of its own."""
+    job = job or _SqlRun(run, rule)
+    while job.result is None:
+        job.take(pl.collect_all(job.plans(), engine=link.POLARS_ENGINE))
+    return job.result
+
+
+# SQL rules run side by side (run_rules) where the tables they read hold at most this many rows in all: there the fixed
+# cost of a polars query (a fraction of a millisecond) is most of a rule's cost, and a step's intermediate rows of
+# every rule held at once stay small. Larger inputs run one rule at a time, as each rule's work then dominates.
+BATCH_ROWS = 250_000
+
+
+def _run_side_by_side(jobs: list[_SqlRun]) -> None:
+    """Every job's steps, the current step of each in one collect_all, until each has its result. A job whose plans
+    or results fail is dropped (result None): its rule runs again alone, where its own error is reported as it would
+    be without the others; the others go on."""
+    active = list(jobs)
+    while active:
+        plans: list[pl.LazyFrame] = []
+        mine: list[tuple[_SqlRun, int]] = []
+        for job in active:
+            try:
+                ps = job.plans()
+            except Exception:
+                job.failed = True
+                continue
+            mine.append((job, len(ps)))
+            plans.extend(ps)
+        try:
+            dfs = pl.collect_all(plans, engine=link.POLARS_ENGINE)
+        except Exception:  # one of them fails: each on its own, to find which
+            for job, _ in mine:
+                try:
+                    job.take(pl.collect_all(job.plans(), engine=link.POLARS_ENGINE))
+                except Exception:
+                    job.failed = True
+        else:
+            i = 0
+            for job, n in mine:
+                try:
+                    job.take(dfs[i:i + n])
+                except Exception:
+                    job.failed = True
+                i += n
+        active = [j for j in active if j.result is None and not j.failed]
 
 
 # ---------------------------------------------------------------- findings
@@ -559,8 +699,8 @@ def rows(run: Run, rule: Rule, params: dict | None = None) -> pl.DataFrame | Non
     return out
 
 
-def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
-    values = {**rule.defaults(), **(params or {})}
+def _precheck(run: Run, rule: Rule) -> RuleResult | None:
+    """The rule's result where it cannot run on this run (skipped, with the reason), else None."""
     # needs: any one of the need sets must be fully present
     missing_sets = []
     for need in rule.need_sets():
@@ -578,10 +718,27 @@ def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
         # another run's rank as a straggler or a desync (link.ranks)
         return RuleResult(rule, "skipped", f"compares ranks, and rank(s) {format_ranks(clash)} are claimed by several "
                                            "sources (TQL001 rank-collision); check each run on its own")
+    return None
+
+
+_RULE_ERRORS = (ConditionError, RuleRunError, compose.StageError, pl.exceptions.PolarsError)
+
+
+def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
+    pre = _precheck(run, rule)
+    return pre if pre is not None else _evaluate(run, rule, {**rule.defaults(), **(params or {})})
+
+
+def _evaluate(run: Run, rule: Rule, values: dict, job: _SqlRun | None = None) -> RuleResult:
+    """A rule that can run here (_precheck): its rows (job: its SQL prepared, or run already), its condition and
+    collapse, and a finding per row left."""
     try:
         # gaps' late columns (what the host was doing) are added after the condition, where no stage comes between
         gaps_late = rule.select is not None and rule.select["measure"] == "gaps" and not stages(rule.select)
-        out = _measure(run, rule, raw_gaps=gaps_late, params=values) if rule.select is not None else _sql(run, rule)
+        if rule.select is not None:
+            out = _measure(run, rule, raw_gaps=gaps_late, params=values)
+        else:
+            out = _sql(run, rule, job)
         if gaps_late and (not rule.condition or _condition_reads_late_gap_columns(rule, values, out.columns)):
             out = _finish_gaps(run, out)
             gaps_late = False
@@ -591,8 +748,8 @@ def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
             out = _finish_gaps(run, out)
         if out.height and rule.collapse:
             out = _collapse(out, rule.collapse, rule)
-    except (ConditionError, RuleRunError, compose.StageError, pl.exceptions.PolarsError) as e:
-        return RuleResult(rule, "error", f"{rule.path.name}: {type(e).__name__}: {str(e).splitlines()[0]}")
+    except _RULE_ERRORS as e:
+        return _error(rule, e)
     findings = []
     for row in out.iter_rows(named=True):
         ctx = {**values, **row}
@@ -631,13 +788,47 @@ def evaluate(run: Run, rule: Rule, params: dict | None = None) -> RuleResult:
     return RuleResult(rule, "ran", findings=findings)
 
 
+def _error(rule: Rule, e: Exception) -> RuleResult:
+    return RuleResult(rule, "error", f"{rule.path.name}: {type(e).__name__}: {str(e).splitlines()[0]}")
+
+
+def _internal(rule: Rule, e: Exception) -> RuleResult:
+    first = (str(e).splitlines() or [""])[0]
+    return RuleResult(rule, "error", f"{rule.path.name}: internal error ({type(e).__name__}: {first}); please report it "
+                                     "with the run")
+
+
 def run_rules(run: Run, rules: list[Rule], overrides: dict[str, dict] | None = None) -> list[RuleResult]:
+    """Every rule's result, in the rules' order. Rules are taken in that order (the tables they read are built in it,
+    so that notes keep their order); a SQL rule over small tables (BATCH_ROWS) is held back once its tables are
+    there, and the held ones run side by side (_run_side_by_side) before their conditions and findings. A rule (or
+    the derived table it reads) that breaks never hides the others' findings."""
     overrides = overrides or {}
-    out = []
-    for r in rules:
+    out: list[RuleResult | None] = [None] * len(rules)
+    held: list[tuple[int, _SqlRun]] = []
+    for i, r in enumerate(rules):
         try:
-            out.append(evaluate(run, r, overrides.get(r.id)))
+            values = {**r.defaults(), **(overrides.get(r.id) or {})}
+            pre = _precheck(run, r)
+            if pre is not None or r.sql is None:
+                out[i] = pre if pre is not None else _evaluate(run, r, values)
+                continue
+            try:
+                job = _SqlRun(run, r)  # builds the tables it reads, here, in the rules' order
+            except _RULE_ERRORS as e:
+                out[i] = _error(r, e)
+                continue
+            if job.rows() <= BATCH_ROWS:
+                held.append((i, job))
+            else:
+                out[i] = _evaluate(run, r, values, job)
         except Exception as e:  # a rule (or the derived table it reads) that breaks must not hide the others' findings
-            first = (str(e).splitlines() or [""])[0]
-            out.append(RuleResult(r, "error", f"{r.path.name}: internal error ({type(e).__name__}: {first}); please report it with the run"))
+            out[i] = _internal(r, e)
+    _run_side_by_side([job for _, job in held])
+    for i, job in held:
+        r = rules[i]
+        try:  # a job that failed beside the others has no result: its rule runs again alone, for its own error
+            out[i] = _evaluate(run, r, {**r.defaults(), **(overrides.get(r.id) or {})}, None if job.failed else job)
+        except Exception as e:
+            out[i] = _internal(r, e)
     return out
