@@ -737,7 +737,8 @@ _COLL_KEYS = frozenset(_ARG_KEYS[k] for k in _COLL_ATTRS)
 
 def _coll_args(raws: list) -> list:
     """The collective fields (non-null) of each args object's bytes ({} for None). One orjson call over them all as a
-    JSON list (121k calls of a 1 GB trace: 0.08 s against 0.45 s one by one); where that fails, one by one."""
+    JSON list; where that fails, one by one. (A 1 GB trace's 121k candidate calls, most without args: 0.01 CPU s,
+    against ~0.5 s for a Python call per id and a parse per object.)"""
     given = [r for r in raws if r is not None]
     try:
         parsed = iter(orjson.loads(b"[" + b",".join(given) + b"]"))
