@@ -603,3 +603,34 @@ def test_flows_pair_the_first_start_and_end_of_each_kind_and_id(rows):
             want.add((k, i, *(a or (None,) * 3), *(b or (None,) * 3)))
     assert set(got.iter_rows()) == want
     assert got.height == len(want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from(["ac2g", "fwdbwd", ""]), st.integers(0, 4), st.integers(0, 3)),
+                max_size=40), st.sampled_from([0, -7, 1 << 41]))
+def test_flows_packed_key_pairs_as_the_two_column_key(rows, shift):
+    # no nulls and ids in 0..2^40: (kind, id) is joined as one packed int64; shifted below 0 or past 40 bits the
+    # two columns are the key. Both give the same rows, ids shifted back
+    df = pl.DataFrame([{"start": s, "kind": k, "flow_id": i, "pid": p, "tid": p + 10, "ts": n}
+                       for n, (s, k, i, p) in enumerate(rows)],
+                      schema={"start": pl.Boolean, "kind": pl.Categorical, "flow_id": pl.Int64, "pid": pl.Int64,
+                              "tid": pl.Int64, "ts": pl.Int64})
+    packed = kineto._flows(df)
+    other = kineto._flows(df.with_columns(pl.col("flow_id") + shift)).with_columns(pl.col("flow_id") - shift)
+    assert packed.schema == other.schema
+    assert sorted(packed.iter_rows(), key=repr) == sorted(other.iter_rows(), key=repr)
+    pairs = {(k, i) for _, k, i, _ in rows}
+    assert packed.height == len(pairs)
+
+
+def test_collective_args_parse_together_and_one_by_one_where_one_fails():
+    # a chunk's collective args are parsed as one JSON list; bytes that are no UTF-8 (orjson refuses them) send them
+    # one by one, that one through the stdlib with the bytes replaced; only the collective keys with values are
+    # kept, {} for no args
+    raws = [b'{"Collective name": "allreduce", "Seq": 3, "dtype": null, "Ev Idx": 1}', None,
+            b'{"Process Group Name": "0", "In msg nelems": 4}']
+    want = [{"Collective name": "allreduce", "Seq": 3}, {}, {"Process Group Name": "0", "In msg nelems": 4}]
+    assert kineto._coll_args(raws) == want
+    bad = b'{"Process Group Name": "\xff", "Seq": 5}'
+    assert kineto._coll_args([*raws, bad]) == [*want, {"Process Group Name": "\ufffd", "Seq": 5}]
+    assert kineto._coll_args([]) == []

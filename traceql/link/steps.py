@@ -28,7 +28,7 @@ def _by_time(df: pl.DataFrame, steps: pl.DataFrame) -> pl.Series:
     keyed = df.select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "ts").with_row_index("_i")
     groups = steps.sort("ts").partition_by(_BY, as_dict=True)
     rows_at, steps_of = [], []
-    for key, rows in keyed.partition_by(_BY, as_dict=True).items():
+    for key, rows in _runs(keyed):
         st = groups.get(key)
         if st is None:
             continue
@@ -50,6 +50,19 @@ def _by_time(df: pl.DataFrame, steps: pl.DataFrame) -> pl.Series:
     # _i is the row number: put each found step in its place (no join on millions of row numbers)
     out = pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("step")
     return out.scatter(found_at, found_step.cast(pl.Int64)) if found_at.len() else out
+
+
+def _runs(keyed: pl.DataFrame):
+    """(rank, source) -> its rows. A run's tables hold each source's rows together (one source's tables after the
+    other), so each key is one slice, found where the key changes (a copy of no column); partition_by copies every
+    column of every row (0.06 s of a 1 GB trace's 1.2M host ops) and is left for keys that come back."""
+    r, s = keyed["rank"], keyed["source"]
+    at = (r.ne_missing(r.shift()) | s.ne_missing(s.shift())).arg_true().to_list()
+    keys = list(zip(r.gather(at).to_list(), s.gather(at).to_list()))
+    if len(set(keys)) < len(keys):
+        return keyed.partition_by(_BY, as_dict=True).items()
+    ends = [*at[1:], keyed.height]
+    return [(k, keyed.slice(a, b - a)) for k, a, b in zip(keys, at, ends)]
 
 
 def assign_steps(run: Run) -> None:
