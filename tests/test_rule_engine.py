@@ -226,7 +226,12 @@ def test_a_sql_rule_failing_beside_others_gets_its_own_error_and_the_others_thei
     together = run_rules(run, rules)
     assert seen == [False, True, False]  # the three SQL rules ran side by side, and the broken one failed there
     alone = [evaluate(run, r) for r in rules]
-    assert [(r.status, r.reason) for r in together] == [(r.status, r.reason) for r in alone]
+    # polars names the first chunk a cast failed in, which its threads make vary from run to run ("for 3 out of 3
+    # values" or "for 2 out of 2"): the reasons are compared up to it
+    def said(r):
+        return r.status, r.reason.split(" for ")[0]
+
+    assert [said(r) for r in together] == [said(r) for r in alone]
     assert together[1].status == "error" and "TQL992-test-rule.yaml" in together[1].reason
     for t, a in zip(together, alone):
         assert [(f.ranks, f.message, f.evidence) for f in t.findings] == [(f.ranks, f.message, f.evidence) for f in a.findings]
