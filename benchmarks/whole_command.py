@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from ingest import scaled_copy  # noqa: E402  (the same scaled copies as the ingest benchmark)
+from ranks import make_run  # noqa: E402  (the many-rank runs of benchmarks/ranks.py)
 
 NCCL_DIRS = [  # the corpus folders with NCCL kernels (benchmarks/hta_reference.py)
     "hta/tests/data/df_index_resolver",
@@ -141,10 +142,7 @@ def main() -> None:
             n, mb = a.ranks.split("x")
             gz = next(iter(sorted((a.corpus / "hta/tests/data/df_index_resolver").glob("*.json.gz"))))
             run = tmp / f"ranks-{a.ranks}"
-            first = scaled_copy(gz, run, float(mb), rank=0)
-            for rank in range(1, int(n)):  # the same bytes, rank rewritten in distributedInfo
-                data = first.read_bytes().replace(b'"rank": 0', f'"rank": {rank}'.encode(), 1)
-                (run / f"rank-{rank}.scaled.json").write_bytes(data)
+            make_run(gz, run, int(n), float(mb))  # benchmarks/ranks.py's recipe: one scaled copy, rank rewritten
             r = best(check_cmd(run), 1, env)
             rows.append({"input": f"{a.ranks} cold", "traceql": r})
             print(f"{f'{n} ranks x {mb} MB, cold':58} {_fmt(r):>20}")

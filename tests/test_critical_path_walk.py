@@ -263,17 +263,9 @@ def test_gaps_charged_in_python_equal_the_joins(name):
 def _host_cover_per_union(run: Run) -> pl.DataFrame:
     """host_cover as it was built: each union's segments on their own, concatenated in the unions' order."""
     from traceql import intervals
-    from traceql.link.critical_path import HOST_COVER_SCHEMA, _below_steps
-    from traceql.link.input_pipeline import LOADER_NEXT
+    from traceql.link.critical_path import HOST_COVER_SCHEMA, host_covers
 
-    rt = run.table("runtime")
-    covers = {
-        "loader": run.table("host_ops").filter(pl.col("name").str.contains(LOADER_NEXT)).select("rank", "ts", "end"),
-        "sync": rt.filter((pl.col("kind") == "sync") & ~pl.col("name").str.contains("Query")).select("rank", "ts", "end"),
-        "ops": pl.concat([_below_steps(run).select("rank", "ts", "end"), rt.select("rank", "ts", "end")]),
-        "host_comm": run.table("collectives").filter(pl.col("kernel_ts").is_null() & pl.col("kernel_end").is_null())
-        .select("rank", "ts", "end"),
-    }
+    covers = host_covers(run)
     parts = []
     for name, df in covers.items():
         df = df.filter(pl.col("rank").is_not_null() & pl.col("ts").is_not_null() & pl.col("end").is_not_null()) \

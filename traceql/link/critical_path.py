@@ -90,16 +90,12 @@ def path_kernels(run: Run) -> pl.DataFrame:
     return k.select([pl.col(c).cast(t) for c, t in PATH_KERNELS_SCHEMA.items()])
 
 
-def host_cover(run: Run) -> pl.DataFrame:
-    """What each rank's host did, as disjoint segments on the rank's own clock (the walk's host gaps read them):
-    DataLoader fetches (loader), blocking sync calls (sync), any recorded op below the step ranges or runtime call
-    (ops), and host-side collectives with no GPU kernel (host_comm, gloo). A union of intervals shifted by a rank's
-    clock offset is the shifted union, so a rank task builds these from its own host ops and runtime calls."""
-    from traceql import intervals
+def host_covers(run: Run) -> dict[str, pl.DataFrame]:
+    """The intervals (rank, ts, end) each of host_cover's unions is made of, by cover name, in host_cover's order."""
     from traceql.link.input_pipeline import LOADER_NEXT
 
     rt = run.table("runtime")
-    covers = {
+    return {
         "loader": run.table("host_ops").filter(pl.col("name").str.contains(LOADER_NEXT)).select("rank", "ts", "end"),
         "sync": rt.filter((pl.col("kind") == "sync") & ~pl.col("name").str.contains("Query")).select("rank", "ts", "end"),
         # the host's own work: any op or range, and runtime calls (launches); outside all of them the host ran
@@ -110,7 +106,17 @@ def host_cover(run: Run) -> pl.DataFrame:
         "host_comm": run.table("collectives").filter(pl.col("kernel_ts").is_null() & pl.col("kernel_end").is_null())
         .select("rank", "ts", "end"),
     }
-    # the four unions in one pass: segments per (union, rank), in the unions' order above, then rank and start
+
+
+def host_cover(run: Run) -> pl.DataFrame:
+    """What each rank's host did, as disjoint segments on the rank's own clock (the walk's host gaps read them):
+    DataLoader fetches (loader), blocking sync calls (sync), any recorded op below the step ranges or runtime call
+    (ops), and host-side collectives with no GPU kernel (host_comm, gloo). A union of intervals shifted by a rank's
+    clock offset is the shifted union, so a rank task builds these from its own host ops and runtime calls."""
+    from traceql import intervals
+
+    covers = host_covers(run)
+    # the four unions in one pass: segments per (union, rank), in host_covers' order, then rank and start
     df = pl.concat([d.lazy().select(pl.lit(i, dtype=pl.Int8).alias("_c"), pl.col("rank").cast(pl.Int32), "ts", "end")
                     for i, d in enumerate(covers.values())]).filter(
         pl.col("rank").is_not_null() & pl.col("ts").is_not_null() & pl.col("end").is_not_null()).collect(engine=POLARS_ENGINE)
