@@ -110,6 +110,66 @@ def test_a_share_link_opens_that_report_only(served, done_job):
     assert httpx.get(url + "/upload").status_code == 404
 
 
+def test_share_links_are_revoked_by_their_owner_only(served, done_job):
+    jid, s = done_job
+    url = served["url"]
+    links = [httpx.post(f"{url}/api/jobs/{jid}/share", headers=_auth(served["a"])).json()["url"] for _ in range(2)]
+    assert all(httpx.get(link).status_code == 200 for link in links)
+    # another token, no token, a cross-origin cookie: refused, the links still open
+    assert httpx.delete(f"{url}/api/jobs/{jid}/share", headers=_auth(served["b"])).status_code == 404
+    assert httpx.delete(f"{url}/api/jobs/{jid}/share").status_code == 401
+    assert httpx.delete(f"{url}/api/jobs/{jid}/share", cookies={"traceql_token": served["a"]},
+                        headers={"Origin": "http://evil.example"}).status_code == 403
+    assert all(httpx.get(link).status_code == 200 for link in links)
+    r = httpx.delete(f"{url}/api/jobs/{jid}/share", headers=_auth(served["a"]))
+    assert r.status_code == 200 and r.json()["id"] == jid and r.json()["revoked"] >= 2
+    assert all(httpx.get(link).status_code == 404 and httpx.get(link + "/report.json").status_code == 404
+               for link in links)
+    assert httpx.delete(f"{url}/api/jobs/{jid}/share", headers=_auth(served["a"])).json()["revoked"] == 0
+    # the owner's own access is untouched, and a new link works again
+    assert httpx.get(s["report"]["json"], headers=_auth(served["a"])).status_code == 200
+    again = httpx.post(f"{url}/api/jobs/{jid}/share", headers=_auth(served["a"])).json()["url"]
+    assert httpx.get(again).status_code == 200
+
+    # the page: an "unshare (N)" button beside a shared job; its form post revokes them, a cross-origin one does not
+    c = httpx.Client(base_url=url, follow_redirects=False, cookies={"traceql_token": served["a"]})
+    assert f"/jobs/{jid}/unshare" in c.get("/").text and "unshare (1)" in c.get("/").text
+    assert c.post(f"/jobs/{jid}/unshare", headers={"Origin": "http://evil.example"}).status_code == 404
+    assert httpx.get(again).status_code == 200
+    assert c.post(f"/jobs/{jid}/unshare", headers={"Origin": url}).status_code == 303
+    assert httpx.get(again).status_code == 404 and f"/jobs/{jid}/unshare" not in c.get("/").text
+
+
+def test_a_revoked_token_opens_nothing_and_its_share_links_close(served):
+    import subprocess
+
+    url, store = served["url"], served["store"]
+    t = load.create_token(store)
+    arc = load.make_archive(FIXTURES / "cpu-desync", served["archives"], "tar.gz")
+    jid = load.upload(url, t, arc)
+    assert _wait(url, t, jid)["status"] == "done"
+    link = httpx.post(f"{url}/api/jobs/{jid}/share", headers=_auth(t)).json()["url"]
+    kept = httpx.post(f"{url}/api/jobs/{_wait(url, served['a'], load.upload(url, served['a'], arc))['id']}/share",
+                      headers=_auth(served["a"])).json()["url"]  # another token's link
+    assert httpx.get(link).status_code == 200
+
+    def revoke(arg_or_stdin):
+        args, stdin = (["-"], arg_or_stdin) if arg_or_stdin.endswith("\n") else ([arg_or_stdin], None)
+        return subprocess.run([*load.traceql_cmd(), "serve", "token", "revoke", *args, "--store", str(store)],
+                              input=stdin, capture_output=True, text=True, env=load.env_for(store), cwd=REPO)
+
+    p = revoke(t + "\n")  # on stdin: out of shell history
+    assert p.returncode == 0 and "revoked the token and 1 share link(s)" in p.stdout, p.stderr
+    assert httpx.get(f"{url}/api/jobs/{jid}", headers=_auth(t)).status_code == 401
+    assert httpx.get(f"{url}/api/jobs", headers=_auth(t)).status_code == 401
+    assert httpx.post(f"{url}/api/jobs", headers=_auth(t), files={"file": ("a.tar.gz", arc.read_bytes())}).status_code == 401
+    assert httpx.get(link).status_code == 404
+    assert httpx.get(kept).status_code == 200 and httpx.get(f"{url}/api/jobs", headers=_auth(served["a"])).status_code == 200
+    # an unknown or already revoked token: exit 2 and one line saying so
+    p = revoke(t)
+    assert p.returncode == 2 and "no such token" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
 def test_upload_limits_and_bad_requests(served):
     big = served["archives"] / "big.tar"
     big.write_bytes(b"\0" * (3 << 20))

@@ -1,4 +1,4 @@
-"""`traceql serve` and `traceql serve token create`: argument handling only; the service is traceql.serve."""
+"""`traceql serve` and `traceql serve token create|revoke`: argument handling only; the service is traceql.serve."""
 
 from __future__ import annotations
 
@@ -76,3 +76,21 @@ def token_create(store_dir):
     """Make a new token; it is printed once, as the last word (the store keeps only its hash)."""
     store = _open(store_dir)
     click.echo(f"new token for {store.root}: {store.create_token()}")
+
+
+@token.command("revoke")
+@click.argument("token_value", metavar="TOKEN", default="-")
+@_STORE
+def token_revoke(token_value, store_dir):
+    """Revoke TOKEN (or one read from stdin, the default: it stays out of shell history). It opens nothing from then
+    on, and the share links made for its jobs stop working too; its jobs stay until --keep-days removes them."""
+    if token_value == "-":
+        token_value = click.get_text_stream("stdin").readline()
+    token_value = token_value.strip()
+    if not token_value:
+        _fail("no token given: pass it as TOKEN or on stdin")
+    store = _open(store_dir)
+    n = store.revoke_token(token_value)
+    if n is None:
+        _fail(f"{store.root}: no such token (already revoked, or made for another --store)")
+    click.echo(f"revoked the token and {n} share link(s) of its jobs in {store.root}")

@@ -1,7 +1,7 @@
 """The Starlette app: the JSON API scripts use, and two small pages (sign in; upload and my jobs).
 
 Who sees what: a job is visible to the token that uploaded it, and its report to anyone holding a share link the
-owner made; another token gets 404, the same answer as for a job that does not exist, so ids cannot be probed. There
+owner made, until the owner revokes the job's links (or the token is revoked, which takes its jobs' links with it); another token gets 404, the same answer as for a job that does not exist, so ids cannot be probed. There
 is no listing of other tokens' jobs. The browser keeps the token in an HttpOnly, SameSite=Strict cookie; a request
 that changes state with that cookie must come from this origin (Origin / Sec-Fetch-Site).
 
@@ -187,6 +187,17 @@ def create_app(store: Store, queue: Queue, max_upload_bytes: int) -> Starlette:
         url = f"{request.url.scheme}://{request.url.netloc}/s/{store.share(job['id'])}"
         return JSONResponse({"url": url, "id": job["id"]}, status_code=201)
 
+    async def api_unshare(request: Request) -> Response:
+        owner, by_cookie = owner_of(request)
+        if owner is None:
+            return unauthorized()
+        if by_cookie and not same_origin(request):
+            return JSONResponse({"error": "cross-origin request refused"}, status_code=403)
+        job = store.job(request.path_params["id"], owner)
+        if job is None:
+            return not_found()
+        return JSONResponse({"id": job["id"], "revoked": store.unshare(job["id"])})
+
     # ------------------------------------------------------------------------------------------ reports
     def report_file(job: dict | None, what: str) -> Response:
         if job is None or what not in REPORTS or what not in _files(job):
@@ -221,12 +232,17 @@ def create_app(store: Store, queue: Queue, max_upload_bytes: int) -> Starlette:
                 "browser only.</p><form method=post action=/login><input type=password name=token id=token "
                 "autocomplete=off required size=50> <button type=submit id=signin>Sign in</button></form>"))
         jobs = store.jobs_of(owner)
+        shared_n = store.share_counts(owner)
         rows = []
         for j in jobs:
             files = _files(j)
             links = " ".join(f"<a href='/jobs/{e(j['id'])}/{k}'>{_KEYS[k]}</a>" for k in REPORTS if k in files)
             share = (f"<form method=post action='/jobs/{e(j['id'])}/share' class=inline><button type=submit "
                      f"class=share>share</button></form>" if files else "")
+            if shared_n.get(j["id"]):
+                share += (f" <form method=post action='/jobs/{e(j['id'])}/unshare' class=inline><button type=submit "
+                          f"class=unshare title='revoke every share link of this job'>unshare "
+                          f"({shared_n[j['id']]})</button></form>")
             n = len(store.findings(j["id"])) if j["status"] == "done" else ""
             rows.append(f"<tr class='job {e(j['status'])}' data-id='{e(j['id'])}'><td>{e(j['name'])}</td>"
                         f"<td>{e(time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(j['created'])))}</td>"
@@ -280,15 +296,25 @@ def create_app(store: Store, queue: Queue, max_upload_bytes: int) -> Starlette:
             f"<p>Anyone with this link can read the report of <b>{e(job['name'])}</b> (and only that report):</p>"
             f"<p><a id=share-url href='{e(url)}'>{e(url)}</a></p><p><a href=/>Back to my jobs</a></p>"))
 
+    async def unshare_page(request: Request) -> Response:
+        owner, _ = owner_of(request)
+        job = store.job(request.path_params["id"], owner) if owner and same_origin(request) else None
+        if job is None:
+            return page("traceql", "<p>No such job.</p>", status=404)
+        store.unshare(job["id"])
+        return RedirectResponse("/", status_code=303)
+
     async def css(request: Request) -> Response:
         return Response(_CSS, media_type="text/css")
 
     routes = [
         Route("/", index), Route("/login", login, methods=["POST"]), Route("/logout", logout, methods=["POST"]),
         Route("/upload", upload_page, methods=["POST"]), Route("/jobs/{id}/share", share_page, methods=["POST"]),
+        Route("/jobs/{id}/unshare", unshare_page, methods=["POST"]),
         Route("/static/app.css", css),
         Route("/api/jobs", api_create, methods=["POST"]), Route("/api/jobs", api_list, methods=["GET"]),
         Route("/api/jobs/{id}", api_job), Route("/api/jobs/{id}/share", api_share, methods=["POST"]),
+        Route("/api/jobs/{id}/share", api_unshare, methods=["DELETE"]),
         Route("/jobs/{id}/{what}", job_report), Route("/s/{secret}", shared), Route("/s/{secret}/{what}", shared),
     ]
     app = Starlette(routes=routes, middleware=[])

@@ -87,6 +87,20 @@ class Store:
         with self.conn() as c:
             return h if c.execute("SELECT 1 FROM tokens WHERE hash = ?", (h,)).fetchone() else None
 
+    def revoke_token(self, token: str) -> int | None:
+        """Revoke a token: it opens nothing from now on, and the share links made for its jobs stop working too (a
+        leaked token could have made them). Its jobs stay until retention removes them. The number of share links
+        revoked with it, or None for a token the store does not know."""
+        h = _hash(token.strip())
+        with self.conn() as c:
+            c.execute("BEGIN IMMEDIATE")
+            if c.execute("DELETE FROM tokens WHERE hash = ?", (h,)).rowcount == 0:
+                c.execute("ROLLBACK")
+                return None
+            n = c.execute("DELETE FROM shares WHERE job IN (SELECT id FROM jobs WHERE owner = ?)", (h,)).rowcount
+            c.execute("COMMIT")
+        return n
+
     # ---------------------------------------------------------------------------------------------- jobs
     def new_job_dir(self) -> tuple[str, Path]:
         jid = uuid.uuid4().hex
@@ -168,6 +182,18 @@ class Store:
         with self.conn() as c:
             row = c.execute("SELECT job FROM shares WHERE hash = ?", (_hash(secret),)).fetchone()
         return self.job(row["job"]) if row else None
+
+    def unshare(self, jid: str) -> int:
+        """Revoke every share link of a job; how many there were."""
+        with self.conn() as c:
+            return c.execute("DELETE FROM shares WHERE job = ?", (jid,)).rowcount
+
+    def share_counts(self, owner: str) -> dict[str, int]:
+        """Live share links per job of an owner (jobs without any are absent)."""
+        with self.conn() as c:
+            rows = c.execute("SELECT s.job, COUNT(*) FROM shares s JOIN jobs j ON j.id = s.job WHERE j.owner = ? "
+                             "GROUP BY s.job", (owner,)).fetchall()
+        return {r[0]: r[1] for r in rows}
 
     # ---------------------------------------------------------------------------------------------- retention
     def cleanup(self, keep_days: float | None, keep_jobs: int | None) -> int:
