@@ -46,7 +46,7 @@ except ImportError:  # pragma: no cover - depends on the build
     _kscan = None
 
 from traceql.ingest import IngestError, _gz, _kineto_coll
-from traceql.ingest.budget import report_progress
+from traceql.ingest.budget import report_progress, watch_point
 from traceql.ingest.collective_names import ANNOTATION as _ANNOT
 from traceql.ingest.collective_names import arg_int as _int1
 from traceql.ingest.kernel_names import comm_kernel_expr, kernel_collective_expr, runtime_kind_expr
@@ -629,6 +629,7 @@ class _Acc:
             part = parts.get(b)
             if part is not None:
                 self.parts[b].append(build(part.select(_BUCKET_COLS[b]), self.ids, dec))
+                watch_point()
 
     def add_structs(self, i0: int, evs: list) -> None:
         no_args = _msgspec()[2]
@@ -1472,17 +1473,21 @@ def _read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
         source.meta["parser"] = "whole"
 
     ids = acc.ids
+    watch_point()
     kernels = acc.frame("k")
     host = _host_ops(acc.frame("h"))
+    watch_point()
     runtime = acc.frame("r")
     syncs = acc.frame("s")
     flows = _flows(acc.frame("f"))
     acc.parts.clear()
+    watch_point()
 
     spans = [(df["ts"].min(), df["end"].max()) for df in (kernels, host, runtime) if df is not None and df.height]
     span = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans and all(s[0] is not None for s in spans) else (None, None)
     backend, pg_backend = _header_meta(header, source, span)
     collectives = _kineto_coll.collectives(host, acc.coll_args, runtime, kernels, backend, pg_backend)
+    watch_point()
     steps = _steps(host)
 
     meta = source.meta

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import threading
+import time
 from pathlib import Path
 
 import polars as pl
@@ -145,13 +147,36 @@ def _read_here(task: tuple, allowance: _gz.Allowance) -> tuple[Source, dict] | N
     return out
 
 
-def _here_then_workers(tasks: list, allowance: int, jobs: int, read_progress):
+def _read_large_here(task: tuple, read_progress) -> tuple[Source, dict] | tuple[Source, bool, budget.Budget]:
+    """The run's one large plain Kineto file read in this process under the memory watch and its time budget
+    (budget.large_here); where it grew past the watch, or would be parsed whole, the task for a worker instead: the
+    source as it was before, its budget charged with the time spent here."""
+    source, use_cache, limits = task
+    before = copy.deepcopy(source)
+    began = time.monotonic()
+    progress = (lambda done, total: read_progress(source, done, total)) if read_progress else None
+    try:
+        with _gz.capped(_gz.Allowance(0)), budget.watched(limits, progress):
+            return budget.run_here(_ingest_one, source, use_cache, limits)
+    except (budget.LargeHere, _gz.OverCap):
+        pass  # what it read is dropped here, outside the handler (the traceback holds its frames)
+    source.__dict__.update(before.__dict__)
+    return source, use_cache, dataclasses.replace(limits, spent_s=limits.spent_s + time.monotonic() - began)
+
+
+def _here_then_workers(tasks: list, allowance: int, jobs: int, read_progress, large: tuple | None = None):
     al = _gz.Allowance(allowance)
     later = []
     for task in tasks:
         out = _read_here(task, al)
         if out is None:
             later.append(task)
+        else:
+            yield out
+    if large is not None:
+        out = _read_large_here(large, read_progress)
+        if len(out) == 3:
+            later.append(out)
         else:
             yield out
     if later:
@@ -256,13 +281,20 @@ def _read(run_path: Path, sources: list[Source], todo: list[Source], results: li
                 results.append(_ingest_one(s, False))
                 if progress:
                     progress(s)
-        allowance = None
+        allowance = large = None
         if mode == "auto" and threading.current_thread() is threading.main_thread():
             allowance = budget.in_process_allowance([t[0] for t in tasks])
+            big = [t for t in tasks if budget.large_here(t[0], t[2])]
+            if allowance is None and len(big) == 1:
+                # one large plain trace and small sources beside it: all here, the large one under the memory watch
+                rest = [t for t in tasks if t is not big[0]]
+                allowance = budget.in_process_allowance([t[0] for t in rest]) if rest else budget.INFLATE_CAP
+                if allowance is not None:
+                    tasks, large = rest, big[0]
         if allowance is not None:
             # a worker's start (~0.4 CPU s) would cost more than reading these: in-process, under the watchdog
             # (budget.run_here) and the inflate cap; what inflates past it goes to a worker after all
-            done_iter = _here_then_workers(tasks, allowance, jobs, read_progress)
+            done_iter = _here_then_workers(tasks, allowance, jobs, read_progress, large)
         else:
             done_iter = _in_workers(tasks, total, jobs, read_progress)
         for src, tables in done_iter:
