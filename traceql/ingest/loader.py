@@ -92,7 +92,9 @@ def _precheck(source: Source) -> str | None:
     return None
 
 
-def _ingest_one(source: Source, use_cache: bool, limits: budget.Budget | None = None) -> tuple[Source, dict[str, pl.DataFrame]]:
+def _ingest_one(source: Source, use_cache: bool, limits: budget.Budget | None = None,
+                lazy: bool = False) -> tuple[Source, dict[str, pl.DataFrame]]:
+    """lazy: tables no rule reads may come back unread (model.run.Pending: read_source), in this process only."""
     mod = module_for(source.kind)
     if mod is None or not getattr(mod, "SUPPORTED", False):
         if source.kind not in ("unknown",) and source.status == "ok":
@@ -108,7 +110,7 @@ def _ingest_one(source: Source, use_cache: bool, limits: budget.Budget | None = 
             return source, hit
     try:
         with budget.memory_limit(limits, source):  # only the read: the cache write and the hand-back are not charged
-            tables = read_source(source)
+            tables = read_source(source, lazy)
     except IngestError as e:
         source.status = "error"
         source.detail = str(e)
@@ -129,6 +131,10 @@ def _ingest_one(source: Source, use_cache: bool, limits: budget.Budget | None = 
     return source, tables
 
 
+def _ingest_here(source: Source, use_cache: bool, limits: budget.Budget | None):
+    return _ingest_one(source, use_cache, limits, lazy=True)
+
+
 def _read_here(task: tuple, allowance: _gz.Allowance) -> tuple[Source, dict] | None:
     """One source read in this process under the allowance (its format's bytes weighted, budget.STREAMED); None when
     it inflated past it (nothing of the read is kept: the source is as it was before, for a worker to read)."""
@@ -139,7 +145,7 @@ def _read_here(task: tuple, allowance: _gz.Allowance) -> tuple[Source, dict] | N
     start = mine.left
     try:
         with _gz.capped(mine):
-            out = budget.run_here(_ingest_one, source, use_cache, limits)
+            out = budget.run_here(_ingest_here, source, use_cache, limits)
     except _gz.OverCap:  # what it inflated is dropped and not charged: the allowance bounds what this process holds
         source.__dict__.update(before.__dict__)
         return None
@@ -157,7 +163,7 @@ def _read_large_here(task: tuple, read_progress) -> tuple[Source, dict] | tuple[
     progress = (lambda done, total: read_progress(source, done, total)) if read_progress else None
     try:
         with _gz.capped(_gz.Allowance(0)), budget.watched(limits, progress):
-            return budget.run_here(_ingest_one, source, use_cache, limits)
+            return budget.run_here(_ingest_here, source, use_cache, limits)
     except (budget.LargeHere, _gz.OverCap):
         pass  # what it read is dropped here, outside the handler (the traceback holds its frames)
     source.__dict__.update(before.__dict__)
@@ -337,7 +343,7 @@ def _read(run_path: Path, sources: list[Source], todo: list[Source], results: li
     merged_sources = [by_id.get(s.id, s) for s in sources]
     frames: dict[str, list[pl.DataFrame]] = {}
     for _, tables in results:
-        for name, df in tables.items():
+        for name, df in dict.items(tables):  # a Pending stays unread (a Tables' items() would read it)
             frames.setdefault(name, []).append(df)
     tables = Tables({name: _concat(name, frames.get(name, [])) for name in SCHEMAS})
     run = Run(path=run_path if remote.is_url(run_path) else Path(run_path), sources=merged_sources, tables=tables)
