@@ -333,3 +333,95 @@ def _alive(pid: int) -> bool:
             return not any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+# ---------------------------------------------------------------- one large plain trace: in-process, under the watch
+
+
+@pytest.fixture
+def plain_run(tmp_path, monkeypatch) -> Path:
+    """The demo's rank 0 trace as a plain file (1.2 MB of JSON), made 'large' by a 64 KB inflate cap."""
+    d = tmp_path / "plain"
+    d.mkdir()
+    (d / "rank0.pt.trace.json").write_bytes(gzip.decompress((DEMO / "rank0.pt.trace.json.gz").read_bytes()))
+    monkeypatch.setattr(budget, "INFLATE_CAP", 64 << 10)
+    for k in ("TRACEQL_SOURCE_ISOLATION", "TRACEQL_SOURCE_MAX_MB", "TRACEQL_SOURCE_TIMEOUT_S", "TRACEQL_KSCAN"):
+        monkeypatch.delenv(k, raising=False)
+    return d
+
+
+@pytest.fixture
+def handed(monkeypatch) -> list:
+    """The tasks handed to budget workers."""
+    tasks_seen: list = []
+    run = budget.Pool.run
+
+    def spy(self, tasks, *a, **k):
+        tasks_seen.extend(tasks)
+        return run(self, tasks, *a, **k)
+
+    monkeypatch.setattr(budget.Pool, "run", spy)
+    return tasks_seen
+
+
+def _same_tables(a, b) -> None:
+    assert a.tables.keys() == b.tables.keys()
+    for name, df in a.tables.items():
+        keys = [c for c, t in df.schema.items() if not isinstance(t, (pl.List, pl.Struct, pl.Array))]
+        assert b.tables[name].sort(keys, nulls_last=True).equals(df.sort(keys, nulls_last=True)), name
+
+
+def _worker_read(run_dir, monkeypatch):
+    monkeypatch.setenv("TRACEQL_SOURCE_ISOLATION", "always")
+    try:
+        return ingest(run_dir, discover(run_dir), use_cache=False)
+    finally:
+        monkeypatch.delenv("TRACEQL_SOURCE_ISOLATION")
+
+
+def test_a_large_plain_trace_is_read_here_with_the_tables_a_worker_reads(plain_run, handed, monkeypatch):
+    """Beyond the inflate cap, a run's one plain Kineto file is read in this process (no worker starts) under the
+    memory watch, and its tables are those a budget worker reads."""
+    src = next(s for s in discover(plain_run) if s.kind == "kineto")
+    assert budget.large_here(src, budget.budget_for(src))
+    here = ingest(plain_run, discover(plain_run), use_cache=False)
+    assert not handed
+    assert [s.status for s in here.sources if s.kind == "kineto"] == ["ok"]
+    _same_tables(here, _worker_read(plain_run, monkeypatch))
+
+
+def test_a_large_read_that_grows_past_its_watch_goes_to_a_worker(plain_run, handed, monkeypatch):
+    """Past its share of the memory budget the in-process read stops; a worker reads the source afresh, with the time
+    already spent charged to its time budget, and the tables are the same."""
+    monkeypatch.setattr(budget, "LARGE_HERE_SHARE", -1.0)  # any growth, or none, is past it: the first look stops it
+    got = ingest(plain_run, discover(plain_run), use_cache=False)
+    assert [t[0].path.name for t in handed] == ["rank0.pt.trace.json"] and handed[0][2].spent_s > 0
+    assert handed[0][0].status == "ok" and not handed[0][0].meta.get("parser")  # the source as before the read here
+    monkeypatch.undo()
+    _same_tables(got, _worker_read(plain_run, monkeypatch))
+
+
+def test_a_large_file_the_scanner_declines_whole_is_not_parsed_whole_here(plain_run, handed, monkeypatch):
+    """B/E events send the file to the whole-document parser (some ten times its size in objects): here it refuses a
+    file beyond _gz.WHOLE_MAX, and a worker reads it."""
+    import json
+
+    from traceql.ingest import _gz
+
+    f = plain_run / "rank0.pt.trace.json"
+    doc = json.loads(f.read_bytes())
+    doc["traceEvents"] += [{"ph": "B", "name": "b", "pid": 1, "tid": 1, "ts": 1.0},
+                           {"ph": "E", "name": "b", "pid": 1, "tid": 1, "ts": 2.0}]
+    f.write_text(json.dumps(doc, indent=1))
+    monkeypatch.setattr(_gz, "WHOLE_MAX", 64 << 10)
+    got = ingest(plain_run, discover(plain_run), use_cache=False)
+    assert [t[0].path.name for t in handed] == ["rank0.pt.trace.json"]
+    assert _by_name(got.sources)["rank0.pt.trace.json"].meta["parser"] == "whole"
+
+
+def test_a_large_read_here_stops_at_its_time_budget(plain_run, handed, monkeypatch):
+    monkeypatch.setenv("TRACEQL_SOURCE_TIMEOUT_S", "0.001")
+    got = ingest(plain_run, discover(plain_run), use_cache=False)
+    src = _by_name(got.sources)["rank0.pt.trace.json"]
+    assert not handed and src.status == "error"
+    _one_line_naming(src.detail, src.path, "TRACEQL_SOURCE_TIMEOUT_S")

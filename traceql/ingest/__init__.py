@@ -74,19 +74,30 @@ def module_for(kind: str) -> ModuleType | None:
     return importlib.import_module(name) if name else None
 
 
-def read_source(source: Source) -> dict[str, pl.DataFrame]:
-    """Read one source into conformed canonical tables, stamping rank and source id where the importer left them."""
+def read_source(source: Source, lazy: bool = False) -> dict[str, pl.DataFrame]:
+    """Read one source into conformed canonical tables, stamping rank and source id where the importer left them.
+    lazy: a table may be a model.run.Pending (in a model.run.Tables), built when read (kineto's flows only)."""
     mod = module_for(source.kind)
     if mod is None or not getattr(mod, "SUPPORTED", False):
         raise IngestError(f"{source.kind} input is recognised but not yet supported")
-    tables = mod.read(source.path, source)
+    tables = mod.read(source.path, source, lazy=True) if lazy and source.kind == "kineto" else mod.read(source.path, source)
     out = {}
     for name, df in tables.items():
         if df is None:
             continue
-        if "source" not in df.columns or df["source"].null_count() == df.height:
-            df = df.with_columns(pl.lit(source.id, dtype=pl.Int32).alias("source"))
-        if ("rank" not in df.columns or df["rank"].null_count() == df.height) and source.rank is not None:
-            df = df.with_columns(pl.lit(source.rank, dtype=pl.Int32).alias("rank"))
-        out[name] = conform(name, df)
+        if not isinstance(df, pl.DataFrame):  # a Pending: stamped and conformed as it is read
+            from traceql.model.run import Pending, Tables
+
+            out = Tables(out)
+            dict.__setitem__(out, name, Pending(df.rows, lambda name=name, df=df: _stamped(source, name, df.read())))
+            continue
+        out[name] = _stamped(source, name, df)
     return out
+
+
+def _stamped(source: Source, name: str, df: pl.DataFrame) -> pl.DataFrame:
+    if "source" not in df.columns or df["source"].null_count() == df.height:
+        df = df.with_columns(pl.lit(source.id, dtype=pl.Int32).alias("source"))
+    if ("rank" not in df.columns or df["rank"].null_count() == df.height) and source.rank is not None:
+        df = df.with_columns(pl.lit(source.rank, dtype=pl.Int32).alias("rank"))
+    return conform(name, df)

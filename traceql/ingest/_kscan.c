@@ -366,6 +366,10 @@ typedef struct {
     PyObject *colls;   /* [(id, args bytes)] */
     char *tmp;         /* scratch for unescaping */
     Py_ssize_t tmp_cap;
+    /* the codes of short values (up to eight raw bytes: "X", "ac2g", "kernel"...), by their bytes as one number (a raw
+     * string holds no NUL, so zero padding keeps the lengths apart): most string fields of most events, found
+     * without hashing and comparing them. A cache: a colliding value replaces the one there. */
+    struct { uint64_t key; uint32_t code; uint32_t used; } shorts[256];
 } Scanner;
 
 /* One feed: the cursor, and the event being read (its fields, staged until its bucket is known). */
@@ -440,7 +444,26 @@ static int bucket_grow(Bucket *b) {
 /* ---- string interning (per file) ----------------------------------------------------------------------------- */
 
 /* The code of a string value, interned by its raw bytes. -1: bail (bad escape, bad UTF-8, out of memory). */
+static int64_t intern_slow(Feed *f, const unsigned char *raw, Py_ssize_t len, int esc);
+
 static int64_t intern(Feed *f, const unsigned char *raw, Py_ssize_t len, int esc) {
+    if (len > 8) return intern_slow(f, raw, len, esc);
+    uint64_t key = 0;
+    if (f->c.end - raw >= 8) key = len ? load64(raw) & (~0ULL >> (64 - 8 * len)) : 0;
+    else memcpy(&key, raw, (size_t)len);
+    Scanner *in = f->sc;
+    unsigned i = (unsigned)((key * 0x9E3779B97F4A7C15ULL) >> 56);
+    if (in->shorts[i].used && in->shorts[i].key == key) return in->shorts[i].code;
+    int64_t code = intern_slow(f, raw, len, esc);
+    if (code >= 0) {
+        in->shorts[i].key = key;
+        in->shorts[i].code = (uint32_t)code;
+        in->shorts[i].used = 1;
+    }
+    return code;
+}
+
+static int64_t intern_slow(Feed *f, const unsigned char *raw, Py_ssize_t len, int esc) {
     Scanner *in = f->sc;
     if (in->scount * 2 >= in->scap) {
         Py_ssize_t ncap = in->scap ? in->scap * 2 : 1024;

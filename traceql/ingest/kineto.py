@@ -46,7 +46,7 @@ except ImportError:  # pragma: no cover - depends on the build
     _kscan = None
 
 from traceql.ingest import IngestError, _gz, _kineto_coll
-from traceql.ingest.budget import report_progress
+from traceql.ingest.budget import report_progress, watch_point
 from traceql.ingest.collective_names import ANNOTATION as _ANNOT
 from traceql.ingest.collective_names import arg_int as _int1
 from traceql.ingest.kernel_names import comm_kernel_expr, kernel_collective_expr, runtime_kind_expr
@@ -54,6 +54,7 @@ from traceql.ingest.sniff import BOM as _BOM
 from traceql.ingest.sniff import UTF16_BOMS as _UTF16_BOMS
 from traceql.ingest.sniff import kineto as sniff  # noqa: F401  (discovery's test, kept in one place)
 from traceql.model import Source
+from traceql.model.run import Pending
 
 # TRACEQL_KSCAN=0 turns the compiled scanner off (benchmarks compare both; tests check both give the same tables).
 _USE_KSCAN = _kscan is not None and os.environ.get("TRACEQL_KSCAN", "1") != "0"
@@ -557,6 +558,7 @@ class _Acc:
         self.be: list = []  # B/E events (orjson path only)
         self.scanner = None  # the compiled scanner's rows since the last flush
         self.drops = _Drops()  # damaged events left out (chunked paths)
+        self.defer_flows = False  # keep the scanner's flow rows as they are until the flows are read (_lazy_flows)
 
     # One chunk: lists of field values, in file order, starting at event index i0.
     def add_columns(self, i0: int, c: dict, args_of, idx: list | None = None) -> None:
@@ -628,7 +630,13 @@ class _Acc:
         for b, build in (("k", _kernel_rows), ("h", _host_rows), ("r", _runtime_rows), ("s", _syncs), ("f", _flow_rows)):
             part = parts.get(b)
             if part is not None:
-                self.parts[b].append(build(part.select(_BUCKET_COLS[b]), self.ids, dec))
+                part = part.select(_BUCKET_COLS[b])
+                if b == "f" and self.defer_flows and dec is not _plain and \
+                        part["pid_s"].null_count() == part["tid_s"].null_count() == part.height:
+                    self.parts[b].append((part, dec))  # built if the flows are read (no pid names to number)
+                else:
+                    self.parts[b].append(build(part, self.ids, dec))
+                watch_point()
 
     def add_structs(self, i0: int, evs: list) -> None:
         no_args = _msgspec()[2]
@@ -726,10 +734,20 @@ class _Acc:
             self.add_dicts(0, [x for _, x in pairs], idx=[i for i, _ in pairs])
 
     def frame(self, b: str) -> pl.DataFrame | None:
-        parts = [p for p in self.parts[b] if p.height]
-        if not parts:
-            return None
-        return pl.concat(parts, how="vertical", rechunk=False) if len(parts) > 1 else parts[0]
+        return _frame_of(self.parts[b], self.ids)
+
+
+def _frame_of(parts: list, ids: _Ids) -> pl.DataFrame | None:
+    """One table's parts as one frame; flow parts kept as the scanner's rows (_Acc.defer_flows) are built first."""
+    parts = [_flow_rows(p[0], ids, p[1]) if type(p) is tuple else p for p in parts]
+    parts = [p for p in parts if p.height]
+    if not parts:
+        return None
+    # One chunk per column: the rules' queries would otherwise meet (and some copy) a chunk per flush, each time. On the
+    # 1 GB trace (5 flushes) the whole check's peak RSS fell 1.29 -> 1.20 GB and its CPU min / median 5.64 / 6.25 ->
+    # 5.17 / 6.01 s (3 interleaved pairs) and 5.09 / 5.83 -> 5.02 / 5.37 (4 more); a trace of one flush (most traces:
+    # a million rows) has one part and is not copied.
+    return pl.concat(parts, how="vertical", rechunk=True) if len(parts) > 1 else parts[0]
 
 
 _COLL_KEYS = frozenset(_ARG_KEYS[k] for k in _COLL_ATTRS)
@@ -853,19 +871,48 @@ def _syncs(df: pl.DataFrame | None, ids: _Ids, dec=_plain) -> pl.DataFrame | Non
     )
 
 
-def _flow_rows(df: pl.DataFrame, ids: _Ids, dec=_plain) -> pl.DataFrame:
-    df = df.with_columns(pid=ids.resolve(df, "pid", dec), tid=ids.resolve(df, "tid", dec))
-    # Starts and ends pair up; a few distinct kinds: categorical keeps the join small. Worked out once per distinct
-    # (ph, cat, name), then joined back.
+def _flow_kinds(u: pl.DataFrame, dec=_plain) -> pl.DataFrame:
+    """Distinct (ph, cat, name) of flow rows -> whether a start, and the kind (the category, else the name)."""
     ph, cat = dec(pl.col("ph")), dec(pl.col("cat"))
-    u = df.select("ph", "cat", "name").unique().filter(ph.is_in(["s", "f"])).select(
+    return u.filter(ph.is_in(["s", "f"])).select(
         "ph", "cat", "name",
         start=ph == "s",
         kind=pl.when(cat.is_null() | (cat == "")).then(dec(pl.col("name"))).otherwise(cat).cast(pl.Categorical),
     )
+
+
+def _flow_rows(df: pl.DataFrame, ids: _Ids, dec=_plain) -> pl.DataFrame:
+    df = df.with_columns(pid=ids.resolve(df, "pid", dec), tid=ids.resolve(df, "tid", dec))
+    # Starts and ends pair up; a few distinct kinds: categorical keeps the join small. Worked out once per distinct
+    # (ph, cat, name), then joined back.
+    u = _flow_kinds(df.select("ph", "cat", "name").unique(), dec)
     return df.join(u, on=["ph", "cat", "name"], how="inner", nulls_equal=True, maintain_order="left").select(
         "start", "kind", "flow_id", "pid", "tid", "ts"
     )
+
+
+def _flow_count(parts: list) -> int | None:
+    """The rows _flows(frame of `parts`) will have, without building it, where that is cheap to tell: every part the
+    scanner's rows as they are ((rows, decoder): _Acc.defer_flows), every row's kind its category (never empty), one
+    category code per kind, every id present and within the packed key's range. Then each distinct (category, id) is
+    one row of the pairing's full join (each side keeps the first row of a key). None otherwise: build the flows."""
+    if not parts or any(type(p) is not tuple for p in parts):
+        return None
+    code_of: dict[str, int] = {}
+    for df, dec in parts:
+        trio = df.select("ph", "cat", "name").unique()
+        u = _flow_kinds(trio, dec).with_columns(_cat=dec(pl.col("cat")))
+        if u.height < trio.height or u["_cat"].null_count() or (u["_cat"] == "").any():
+            return None  # rows the pairing drops, or kinds named by the event name
+        for kind, code in u.select(pl.col("kind").cast(pl.String), "cat").unique().iter_rows():
+            if code_of.setdefault(kind, code) != code:
+                return None  # one kind under two codes (an escaped spelling): the codes do not tell the kind
+    keys = pl.concat([df.select("cat", "flow_id") for df, _ in parts], rechunk=False)
+    ok = keys.select((pl.col("cat").max() < _KIND_CODES) & pl.col("flow_id").is_not_null().all()
+                     & (pl.col("flow_id") >= 0).all() & (pl.col("flow_id") < _FLOW_IDS).all()).item()
+    if not ok:
+        return None
+    return keys.select((pl.col("cat").cast(pl.Int64) * _FLOW_IDS + pl.col("flow_id")).n_unique()).item()
 
 
 def _flows(df: pl.DataFrame | None) -> pl.DataFrame | None:
@@ -1193,7 +1240,7 @@ def _salvage_header(prefix: bytes, suffix: bytes) -> dict:
         raise _Fallback("header does not parse") from None
 
 
-def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
+def _parse_chunked(path: Path, source: Source, lazy: bool = False) -> tuple[dict, _Acc]:
     if not _HAS_MSGSPEC:
         raise _Fallback("msgspec not installed")
     notes: list[str] = []
@@ -1217,6 +1264,7 @@ def _parse_chunked(path: Path, source: Source) -> tuple[dict, _Acc]:
     del buf[:start]  # buf now starts at "[" (a bytearray drops its front without copying)
     offset = start  # decompressed byte offset of buf[0]
     acc = _Acc()
+    acc.defer_flows = lazy
     n = 0
     clean = 0  # buf[:clean] holds no separator: only what came after it is searched (a file without separators
     # would be rescanned from its start on every block, quadratic: minutes for 256 MB of zeros)
@@ -1288,7 +1336,7 @@ def _finish(header, acc: _Acc, notes: list, source: Source, where: str = "byte")
     return header, acc
 
 
-def _parse_mapped(path: Path, source: Source) -> tuple[dict, _Acc]:
+def _parse_mapped(path: Path, source: Source, lazy: bool = False) -> tuple[dict, _Acc]:
     """A plain (not gzipped) file through the compiled scanner, memory-mapped: each chunk is scanned where it lies
     in the page cache (no read into Python memory, no copy), then its pages are let go of, so that the mapping
     never holds more than a chunk of the file in this process's memory."""
@@ -1299,12 +1347,12 @@ def _parse_mapped(path: Path, source: Source) -> tuple[dict, _Acc]:
         try:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError):  # a file system that cannot map: read it block by block instead
-            return _parse_chunked(path, source)
+            return _parse_chunked(path, source, lazy)
         with mm:
-            return _scan_mapped(mm, size, source)
+            return _scan_mapped(mm, size, source, lazy)
 
 
-def _scan_mapped(mm, size: int, source: Source) -> tuple[dict, _Acc]:
+def _scan_mapped(mm, size: int, source: Source, lazy: bool = False) -> tuple[dict, _Acc]:
     chunk = _slice_bytes()
     m = _ARR_HEAD.search(mm, 0, min(size, 4 * _BLOCK))
     if m is None:
@@ -1317,6 +1365,7 @@ def _scan_mapped(mm, size: int, source: Source) -> tuple[dict, _Acc]:
     prefix = mm[: m.start(1)].removeprefix(_BOM)  # the header up to and including "["
     pos = m.start(1)  # the first event (after whitespace)
     acc = _Acc()
+    acc.defer_flows = lazy
     notes: list[str] = []
     n = 0
     page = mmap.PAGESIZE
@@ -1451,38 +1500,48 @@ def _header_meta(header: dict, source: Source, span: tuple) -> tuple[str | None,
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
+def read(path: Path, source: Source, lazy: bool = False) -> dict[str, pl.DataFrame]:
+    """The source's tables. lazy: the flows table (which no rule reads) may be a model.run.Pending, built from the
+    scanner's rows only if it is read (a 1 GB trace: ~0.5 CPU s of pairing 850k launches with their kernels)."""
     # Parsing allocates millions of small objects (the fallback keeps them all until the end): the cyclic GC would
     # rescan them over and over (measured: about half of the orjson parse time). Nothing here makes cycles.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _read(Path(path), source)
+        return _read(Path(path), source, lazy)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
+def _read(path: Path, source: Source, lazy: bool = False) -> dict[str, pl.DataFrame]:
     try:
-        header, acc = (_parse_mapped if _USE_KSCAN and not _gzipped(path) else _parse_chunked)(path, source)
+        header, acc = (_parse_mapped if _USE_KSCAN and not _gzipped(path) else _parse_chunked)(path, source, lazy)
         source.meta["parser"] = "chunks"
     except _Fallback:
         header, acc = _parse_whole(path, source)
         source.meta["parser"] = "whole"
 
     ids = acc.ids
+    watch_point()
     kernels = acc.frame("k")
     host = _host_ops(acc.frame("h"))
+    watch_point()
     runtime = acc.frame("r")
     syncs = acc.frame("s")
-    flows = _flows(acc.frame("f"))
+    flow_rows = _flow_count(acc.parts["f"]) if lazy else None
+    if flow_rows is None:
+        flows = _flows(acc.frame("f"))
+    else:  # read only if a reader asks for it; the ids of named pids are all given by now (no flow part has one)
+        flows = functools.partial(lambda parts, ids: _flows(_frame_of(parts, ids)), acc.parts["f"], ids)
     acc.parts.clear()
+    watch_point()
 
     spans = [(df["ts"].min(), df["end"].max()) for df in (kernels, host, runtime) if df is not None and df.height]
     span = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans and all(s[0] is not None for s in spans) else (None, None)
     backend, pg_backend = _header_meta(header, source, span)
     collectives = _kineto_coll.collectives(host, acc.coll_args, runtime, kernels, backend, pg_backend)
+    watch_point()
     steps = _steps(host)
 
     meta = source.meta
@@ -1513,9 +1572,18 @@ def _read(path: Path, source: Source) -> dict[str, pl.DataFrame]:
 
     rank = source.rank
     out = {}
+
+    def stamped(df: pl.DataFrame) -> pl.DataFrame:
+        return df.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"), pl.lit(source.id, dtype=pl.Int32).alias("source"))
+
     for name, df in (("kernels", kernels), ("host_ops", host), ("runtime", runtime), ("syncs", syncs),
                      ("flows", flows), ("collectives", collectives), ("steps", steps)):
+        if callable(df):  # the flows, not built yet
+            if flow_rows:
+                out[name] = Pending(flow_rows, lambda build=df: stamped(build()))
+            continue
         if df is None or df.height == 0:
             continue
-        out[name] = df.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"), pl.lit(source.id, dtype=pl.Int32).alias("source"))
+        out[name] = stamped(df)
     return out
+

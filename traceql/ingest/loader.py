@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import threading
+import time
 from pathlib import Path
 
 import polars as pl
@@ -90,7 +92,9 @@ def _precheck(source: Source) -> str | None:
     return None
 
 
-def _ingest_one(source: Source, use_cache: bool, limits: budget.Budget | None = None) -> tuple[Source, dict[str, pl.DataFrame]]:
+def _ingest_one(source: Source, use_cache: bool, limits: budget.Budget | None = None,
+                lazy: bool = False) -> tuple[Source, dict[str, pl.DataFrame]]:
+    """lazy: tables no rule reads may come back unread (model.run.Pending: read_source), in this process only."""
     mod = module_for(source.kind)
     if mod is None or not getattr(mod, "SUPPORTED", False):
         if source.kind not in ("unknown",) and source.status == "ok":
@@ -106,7 +110,7 @@ def _ingest_one(source: Source, use_cache: bool, limits: budget.Budget | None = 
             return source, hit
     try:
         with budget.memory_limit(limits, source):  # only the read: the cache write and the hand-back are not charged
-            tables = read_source(source)
+            tables = read_source(source, lazy)
     except IngestError as e:
         source.status = "error"
         source.detail = str(e)
@@ -127,6 +131,10 @@ def _ingest_one(source: Source, use_cache: bool, limits: budget.Budget | None = 
     return source, tables
 
 
+def _ingest_here(source: Source, use_cache: bool, limits: budget.Budget | None):
+    return _ingest_one(source, use_cache, limits, lazy=True)
+
+
 def _read_here(task: tuple, allowance: _gz.Allowance) -> tuple[Source, dict] | None:
     """One source read in this process under the allowance (its format's bytes weighted, budget.STREAMED); None when
     it inflated past it (nothing of the read is kept: the source is as it was before, for a worker to read)."""
@@ -137,7 +145,7 @@ def _read_here(task: tuple, allowance: _gz.Allowance) -> tuple[Source, dict] | N
     start = mine.left
     try:
         with _gz.capped(mine):
-            out = budget.run_here(_ingest_one, source, use_cache, limits)
+            out = budget.run_here(_ingest_here, source, use_cache, limits)
     except _gz.OverCap:  # what it inflated is dropped and not charged: the allowance bounds what this process holds
         source.__dict__.update(before.__dict__)
         return None
@@ -145,13 +153,36 @@ def _read_here(task: tuple, allowance: _gz.Allowance) -> tuple[Source, dict] | N
     return out
 
 
-def _here_then_workers(tasks: list, allowance: int, jobs: int, read_progress):
+def _read_large_here(task: tuple, read_progress) -> tuple[Source, dict] | tuple[Source, bool, budget.Budget]:
+    """The run's one large plain Kineto file read in this process under the memory watch and its time budget
+    (budget.large_here); where it grew past the watch, or would be parsed whole, the task for a worker instead: the
+    source as it was before, its budget charged with the time spent here."""
+    source, use_cache, limits = task
+    before = copy.deepcopy(source)
+    began = time.monotonic()
+    progress = (lambda done, total: read_progress(source, done, total)) if read_progress else None
+    try:
+        with _gz.capped(_gz.Allowance(0)), budget.watched(limits, progress):
+            return budget.run_here(_ingest_here, source, use_cache, limits)
+    except (budget.LargeHere, _gz.OverCap):
+        pass  # what it read is dropped here, outside the handler (the traceback holds its frames)
+    source.__dict__.update(before.__dict__)
+    return source, use_cache, dataclasses.replace(limits, spent_s=limits.spent_s + time.monotonic() - began)
+
+
+def _here_then_workers(tasks: list, allowance: int, jobs: int, read_progress, large: tuple | None = None):
     al = _gz.Allowance(allowance)
     later = []
     for task in tasks:
         out = _read_here(task, al)
         if out is None:
             later.append(task)
+        else:
+            yield out
+    if large is not None:
+        out = _read_large_here(large, read_progress)
+        if len(out) == 3:
+            later.append(out)
         else:
             yield out
     if later:
@@ -256,13 +287,20 @@ def _read(run_path: Path, sources: list[Source], todo: list[Source], results: li
                 results.append(_ingest_one(s, False))
                 if progress:
                     progress(s)
-        allowance = None
+        allowance = large = None
         if mode == "auto" and threading.current_thread() is threading.main_thread():
             allowance = budget.in_process_allowance([t[0] for t in tasks])
+            big = [t for t in tasks if budget.large_here(t[0], t[2])]
+            if allowance is None and len(big) == 1:
+                # one large plain trace and small sources beside it: all here, the large one under the memory watch
+                rest = [t for t in tasks if t is not big[0]]
+                allowance = budget.in_process_allowance([t[0] for t in rest]) if rest else budget.INFLATE_CAP
+                if allowance is not None:
+                    tasks, large = rest, big[0]
         if allowance is not None:
             # a worker's start (~0.4 CPU s) would cost more than reading these: in-process, under the watchdog
             # (budget.run_here) and the inflate cap; what inflates past it goes to a worker after all
-            done_iter = _here_then_workers(tasks, allowance, jobs, read_progress)
+            done_iter = _here_then_workers(tasks, allowance, jobs, read_progress, large)
         else:
             done_iter = _in_workers(tasks, total, jobs, read_progress)
         for src, tables in done_iter:
@@ -305,7 +343,7 @@ def _read(run_path: Path, sources: list[Source], todo: list[Source], results: li
     merged_sources = [by_id.get(s.id, s) for s in sources]
     frames: dict[str, list[pl.DataFrame]] = {}
     for _, tables in results:
-        for name, df in tables.items():
+        for name, df in dict.items(tables):  # a Pending stays unread (a Tables' items() would read it)
             frames.setdefault(name, []).append(df)
     tables = Tables({name: _concat(name, frames.get(name, [])) for name in SCHEMAS})
     run = Run(path=run_path if remote.is_url(run_path) else Path(run_path), sources=merged_sources, tables=tables)
