@@ -97,3 +97,35 @@ def test_only_a_command_line_of_the_process_s_own_ends_at_once():
 def test_usage_errors_keep_the_interpreter_s_exit():
     p = _check(str(DEMO), "--select", "TQL999", "--no-cache", "-q")
     assert p.returncode == 2 and "TQL999" in p.stderr
+
+
+def test_copy_names_read_by_ascii_classes_as_by_unicode_ones():
+    """ingest.kineto reads a copy's kinds with ASCII word classes (polars compiles a Unicode \\w into a large automaton
+    on first use): the same groups as the Unicode pattern gave, on every GPU activity name of the Kineto fixtures."""
+    import polars as pl
+
+    from traceql.discover import discover
+    from traceql.ingest import read_source
+
+    names = set()
+    for d in ("h200-pageable-copy", "h200-sync-memcpy", "h200-straggler", "h200x2-ddp-eager", "h200-cold-start"):
+        for s in discover(REPO / "fixtures" / d):
+            if s.kind == "kineto":
+                names |= set(read_source(s)["kernels"]["name"].unique().to_list())
+    names |= {"Memcpy HtoD (Pinned -> Device)", "Memcpy DtoH (Device -> Pageable)", "Memset (Device)", "Memcpy DtoD",
+              "Memcpy PtoP (Device -> Device)", "Memset (Pinned)", "Memcpy HtoD (Pageable -> Device) extra"}
+    assert any(n.startswith("Memcpy") for n in names) and any(n.startswith("Memset") for n in names)
+    col = pl.Series("n", sorted(n for n in names if n is not None)).to_frame()
+    unicode = col.select(pl.col("n").str.extract_groups(r"^Memcpy (\w+)(?: \((\w+) -> (\w+)\))?").alias("g"),
+                         pl.col("n").str.extract(r"^Memset \((\w+)\)", 1).alias("s"))
+    ascii_ = col.select(
+        pl.col("n").str.extract_groups(r"^Memcpy ([0-9A-Za-z_]+)(?: \(([0-9A-Za-z_]+) -> ([0-9A-Za-z_]+)\))?").alias("g"),
+        pl.col("n").str.extract(r"^Memset \(([0-9A-Za-z_]+)\)", 1).alias("s"))
+    assert unicode.equals(ascii_)
+    import inspect
+
+    from traceql.ingest import kineto
+
+    src = inspect.getsource(kineto._kernel_rows)  # the patterns compared are the reader's own
+    assert r'r"^Memcpy ([0-9A-Za-z_]+)(?: \(([0-9A-Za-z_]+) -> ([0-9A-Za-z_]+)\))?"' in src
+    assert r'r"^Memset \(([0-9A-Za-z_]+)\)"' in src
