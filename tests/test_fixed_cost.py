@@ -129,3 +129,19 @@ def test_copy_names_read_by_ascii_classes_as_by_unicode_ones():
     src = inspect.getsource(kineto._kernel_rows)  # the patterns compared are the reader's own
     assert r'r"^Memcpy ([0-9A-Za-z_]+)(?: \(([0-9A-Za-z_]+) -> ([0-9A-Za-z_]+)\))?"' in src
     assert r'r"^Memset \(([0-9A-Za-z_]+)\)"' in src
+
+
+def test_a_check_whose_sources_went_to_workers_ends_at_once_as_well():
+    """Sources read in budget workers (TRACEQL_SOURCE_ISOLATION=always): the pool is closed by its atexit handler
+    before the fast end, and the report and status are those of the interpreter's own exit."""
+    import json
+
+    env = {"TRACEQL_SOURCE_ISOLATION": "always"}
+    args = [str(DEMO), "--no-cache", "-q", "--format", "json"]
+    fast = _check(*args, env=env)
+    slow = _check(*args, env=env, code="import threading\nthreading.Thread(target=threading.main_thread().join).start()\n")
+    assert fast.returncode == slow.returncode == 1 and fast.stderr == slow.stderr
+    a, b = json.loads(fast.stdout), json.loads(slow.stdout)
+    for k in ("elapsed_s", "timings", "generated_at"):
+        a.pop(k, None), b.pop(k, None)
+    assert a == b and a["findings"]
