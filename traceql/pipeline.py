@@ -10,7 +10,7 @@ from traceql import polars_env
 
 polars_env.load()  # before anything imports polars: its allocator keeps freed pages (traceql.polars_env)
 
-from traceql import archive, link, remote
+from traceql import link, remote
 from traceql.discover import discover
 from traceql.ingest.loader import ingest
 from traceql.model import Run
@@ -33,14 +33,17 @@ def load_run(path: Path, use_cache: bool = True, jobs: int | None = None, progre
     path = Path(path)
     if not path.exists():
         raise NothingToAnalyse(f"{path}: no such file or directory")
-    try:
-        if archive.is_archive(path):  # read inside a private temporary folder, shown as ARCHIVE!/PATH (traceql.archive)
-            with archive.expanded(path) as x:
-                run = _load(x.run_dir, discover(x.run_dir, extra=x.refused), use_cache, jobs, progress)
-                archive.relocate(run, x)
-                return run
-    except archive.ArchiveError as e:
-        raise NothingToAnalyse(str(e)) from None
+    if path.is_file():  # a folder is never an archive: traceql.archive loads only for a file
+        from traceql import archive
+
+        try:
+            if archive.is_archive(path):  # read inside a private temporary folder, shown as ARCHIVE!/PATH
+                with archive.expanded(path) as x:
+                    run = _load(x.run_dir, discover(x.run_dir, extra=x.refused), use_cache, jobs, progress)
+                    archive.relocate(run, x)
+                    return run
+        except archive.ArchiveError as e:
+            raise NothingToAnalyse(str(e)) from None
     return _load(path, discover(path), use_cache, jobs, progress)
 
 
@@ -163,6 +166,8 @@ def _check_on_dask(path: Path, scheduler, chosen, overrides, use_cache: bool):
         path = _located(path)
     elif not path.exists():
         raise NothingToAnalyse(f"{path}: no such file or directory")
+    from traceql import archive
+
     if not remote.is_url(path) and archive.is_archive(path):
         raise NothingToAnalyse(f"{path}: --scheduler reads a run directory the Dask workers can see; unpack the "
                                "archive there first, or check it without --scheduler")

@@ -44,6 +44,20 @@ class _Commands(click.Group):
                 self.add_command(getattr(loaded, attr), cmd_name)
         return self.commands.get(cmd_name)
 
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """As click's, and where the command line is this process's own (args from sys.argv, click ending the
+        process) and the command said it is done (_common.done), the process ends without the interpreter's
+        teardown (_common.exit_now). A caller passing args (click's CliRunner, tests) gets click's SystemExit."""
+        if args is not None or not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            return super().main(None, prog_name, complete_var, True, **extra)
+        except SystemExit as e:
+            from traceql.cli._common import exit_now
+
+            exit_now(e.code)
+            raise
+
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="traceql")

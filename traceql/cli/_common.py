@@ -21,6 +21,45 @@ def _fail(msg: str, code: int = EXIT_USAGE) -> None:
     sys.exit(code)
 
 
+# Set by a command that has written all its output and holds nothing that needs the interpreter's own teardown (the
+# check, once its report is out): the process may then end at once (exit_now), without freeing every module and
+# table one by one, which costs about 0.04 CPU s after a small check (polars' import alone leaves 0.035 of it).
+_DONE = False
+
+
+def done(code: int) -> None:
+    """The command's exit status, all its output written: the process may end without the interpreter's teardown."""
+    global _DONE
+    _DONE = True
+    sys.exit(code)
+
+
+def exit_now(code) -> None:
+    """End the process with `code` now, where done() was called: stdout and stderr flushed, the atexit handlers run
+    (the ingest pool's close, temporary folders' finalizers), then os._exit, which skips freeing the modules and
+    objects one by one. Returns (the interpreter exits as usual) where done() was not called, the code is not an
+    int, another thread is alive (the interpreter joins it), or a stream cannot be flushed (a closed pipe: Python's
+    own exit reports it)."""
+    import atexit
+    import os
+    import threading
+
+    if not _DONE or not (code is None or isinstance(code, int)) or threading.active_count() > 1:
+        return
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(code or 0)
+
+
 
 
 def _width(given: int | None, to_file: bool = False) -> int | None:

@@ -3,7 +3,6 @@ against the declared schemas (traceql.rules.schema): tables, columns, message fi
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +75,8 @@ def _err(path: Path, fld: str, msg: str) -> RuleError:
 
 def _unknown(path: Path, fld: str, key: str, valid) -> RuleError:
     """An unknown key, with the nearest valid one where there is one (a typo), and every valid choice."""
+    import difflib  # only for an error's suggestion
+
     close = difflib.get_close_matches(str(key), sorted(valid), n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     return _err(path, fld, f"unknown field; {hint}valid fields: {', '.join(sorted(valid))}")

@@ -90,7 +90,7 @@ def trusted(dirs: list[Path]) -> tuple[dict[str, dict], dict[Path, dict]]:
     if d is None:
         return {}, {}
     try:
-        man = json.loads((d / FILE).read_text(encoding="utf-8"))
+        man = _loads((d / FILE).read_bytes())
     except (OSError, ValueError):  # absent, unreadable, not UTF-8 or not JSON: validate in full
         return {}, {}
     if not isinstance(man, dict) or man.get("format") != FORMAT or not isinstance(man.get("rules"), dict):
@@ -100,6 +100,18 @@ def trusted(dirs: list[Path]) -> tuple[dict[str, dict], dict[Path, dict]]:
     vdata = man.get("view_data") if isinstance(man.get("view_data"), dict) else {}
     return ({k: v for k, v in man["rules"].items() if isinstance(v, dict)},
             {d / k: v for k, v in vdata.items() if isinstance(v, dict)})
+
+
+def _loads(raw: bytes):
+    """json.loads of the manifest's bytes, by orjson (a fifth of the CPU on its 236 KB: 0.02 G instructions of the
+    demo's check); where orjson refuses what json takes (NaN, an integer past 64 bits, a lone surrogate), by json, so
+    that both read every manifest alike."""
+    import orjson
+
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw.decode("utf-8"))
 
 
 def recorded(entry: dict) -> tuple[list[str], list[str] | None] | None:

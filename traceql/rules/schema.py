@@ -12,7 +12,6 @@ its names are still checked against them (check_reads).
 
 from __future__ import annotations
 
-import difflib
 import string
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,6 +38,8 @@ def _err(rule: Rule, fld: str, msg: str) -> RuleError:
 
 def _choices(name: str, valid) -> str:
     valid = sorted(set(valid))
+    import difflib  # only for an error's suggestion
+
     close = difflib.get_close_matches(name, valid, n=1)
     return (f"did you mean {close[0]!r}? " if close else "") + f"valid: {', '.join(valid)}"
 
