@@ -58,15 +58,18 @@ def test_prev_on_device_is_the_latest_ending_earlier_activity(rows):
                      schema={"rank": pl.Int32, "source": pl.Int32, "device": pl.Int32, "ts": pl.Int64, "end": pl.Int64}, orient="row")
     import traceql.link.critical_path as cp
 
-    few = cp._PREV_IN_PYTHON
-    try:  # both paths: polars per device (from _PREV_IN_PYTHON kernels on), and Python below it
+    few, pack = cp._PREV_IN_PYTHON, cp._PACK_DEVICES
+    try:  # every path: polars on one packed key and per device (from _PREV_IN_PYTHON kernels on), Python below it
         cp._PREV_IN_PYTHON = 0
         big = cp._prev_and_order(k)
+        cp._PACK_DEVICES = False
+        loop = cp._prev_and_order(k)
         cp._PREV_IN_PYTHON = 1 << 30
         got, order = cp._prev_and_order(k)
     finally:
-        cp._PREV_IN_PYTHON = few
+        cp._PREV_IN_PYTHON, cp._PACK_DEVICES = few, pack
     assert got.equals(big[0]) and order.equals(big[1]), (got, big)
+    assert got.equals(loop[0]) and order.equals(loop[1]), (got, loop)
     dev = [(-1 if d is None else d) for _, d, _, _ in rows]
     for i, (r, _, ts, _) in enumerate(rows):
         # rows of the device ordered by (end, row): the last one that ended at or before i started, other than i

@@ -163,6 +163,9 @@ def _prev_and_order(k: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
     n = k.height
     if n < _PREV_IN_PYTHON:
         return _prev_and_order_few(k)
+    packed = _prev_and_order_packed(k) if _PACK_DEVICES else None
+    if packed is not None:
+        return packed
     out = pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("_prev")
     keyed = k.select("rank", "source", pl.col("device").fill_null(-1), "ts", "end").with_row_index("_row")
     parts, orders = [], []
@@ -186,6 +189,34 @@ def _prev_and_order(k: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
 
 # below this many kernels _prev_and_order searches in Python: its polars queries cost ~0.5 ms per device
 _PREV_IN_PYTHON = 8_192
+_PACK_DEVICES = True  # tests turn it off to compare the packed search with the loop per device
+
+
+def _prev_and_order_packed(k: pl.DataFrame) -> tuple[pl.Series, pl.Series] | None:
+    """_prev_and_order's rows for every device at once: one stable sort and one binary search over a single Int64 key
+    (the device's dense number above the end's offset from the earliest time), instead of a sort, a search and a
+    frame per device (16 ranks x 36 MB: 0.09 -> 0.05 s in-process; 128 ranks have 128 devices or more). The same rows
+    and order as the loop; None where the key does not fit 62 bits (the loop runs then)."""
+    n = k.height
+    dev = k.select(pl.struct("rank", "source", pl.col("device").fill_null(-1)).rank("dense").cast(pl.Int64) - 1).to_series()
+    # renumbered in order of first appearance, as the loop takes the devices
+    first = dev.filter(dev.is_first_distinct())
+    dev = pl.repeat(0, first.len(), dtype=pl.Int64, eager=True).scatter(first, pl.int_range(first.len(), dtype=pl.Int64, eager=True)).gather(dev)
+    lo = min(k["ts"].min(), k["end"].min())
+    hi = max(k["ts"].max(), k["end"].max())
+    width = int(hi - lo).bit_length()
+    if int(dev.max()).bit_length() + width > 62:
+        return None
+    # ends sorted per device with ties by row (a stable sort of rows in row order)
+    s = pl.DataFrame({"_k": dev * (1 << width) + (k["end"] - lo),
+                      "_row": pl.int_range(n, dtype=pl.Int64, eager=True)}).sort("_k", maintain_order=True)
+    key, rows = s["_k"], s["_row"]
+    # the last end at or before the start on the same device; never the kernel itself (no duration): the one before
+    pos = key.search_sorted(dev * (1 << width) + (k["ts"] - lo), side="right").cast(pl.Int64) - 1
+    pos = pos - (rows.gather(pos.clip(lower_bound=0)) == pl.int_range(n, dtype=pl.Int64, eager=True)).cast(pl.Int64)
+    at = rows.gather(pos.clip(lower_bound=0))
+    prev = pl.select(pl.when((pos >= 0) & (dev.gather(at) == dev)).then(at)).to_series()
+    return prev.alias("_prev"), rows.alias("_row")
 
 
 def _prev_and_order_few(k: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
