@@ -208,3 +208,29 @@ def test_comm_coverage_from_one_sweep_is_intervals_coverage(name):
     assert got.height == want.height > 0
     keys = ["rank", "step", "side"]
     assert_frame_equal(got.sort(keys), want.select(got.columns).sort(keys), check_dtypes=False, check_exact=True)
+
+
+_RUN_DIRS = sorted(p.parent for p in FIXTURES.glob("*/manifest.json")) + [FIXTURES.parent / "samples/demo"]
+
+
+@pytest.mark.parametrize("walk", ["listed", "searched"])
+@pytest.mark.parametrize("run_dir", _RUN_DIRS, ids=lambda p: p.name)
+def test_enclosing_ops_on_packed_keys_equal_the_joins(run_dir, walk, monkeypatch):
+    """link.context tests membership of the points' threads (and of the excluded step ranges) on one packed integer,
+    and finds each rank's threads on one: the host ops named for idle gaps and blocking calls must be those the
+    semi-join, anti-join and unique over the key columns give (both parent walks: in Python and by search)."""
+    from polars.testing import assert_frame_equal
+
+    from traceql import link
+    from traceql.link import context
+
+    if walk == "searched":
+        monkeypatch.setattr(context, "_WALK_IN_PYTHON", 0)
+    run = load_run(run_dir, use_cache=False, jobs=1)
+    names = ("gpu_idle_gaps", "blocking_calls")
+    got = {n: link.ensure(run, n) for n in names}
+    for n in names:
+        run.tables.pop(n)
+    monkeypatch.setattr(context, "PACKED", False)
+    for n in names:
+        assert_frame_equal(got[n], link.ensure(run, n))
