@@ -493,13 +493,17 @@ def _interior_runs(k: pl.DataFrame, prev: pl.Series, waits: dict, host: _HostVie
     # the next kernel in the run: P, where K and P are plain and share T
     nxt = pl.when(~pl.col("_sp") & ~pl.col("_sp").gather(pl.col("_p")).fill_null(True)
                   & (pl.col("_T").gather(pl.col("_p")) == pl.col("_T"))).then(pl.col("_p"))
-    own = d.select(*(pl.when(pl.col("_sp")).then(0).otherwise(pl.col(c)).alias(c) for c in _SUMS), nxt.alias("_ptr"))
-    out = _run_sums(k, own, d["_sp"], d["_p"], order)
-    out["T"] = _int_view(d["_T"])
+    # only what _run_sums reads stays alive: the frame's other columns (a dozen of n rows) are freed before its own
+    # temporaries are made, which lowers the walk's peak and the fresh pages it faults in
+    sp, p, tq = d["_sp"], d["_p"], d["_T"]
+    own = [d.select(*(pl.when(pl.col("_sp")).then(0).otherwise(pl.col(c)).alias(c) for c in _SUMS), nxt.alias("_ptr"))]
+    del d, gaps
+    out = _run_sums(k, own, sp, p, order)
+    out["T"] = _int_view(tq)
     return out
 
 
-def _run_sums(k: pl.DataFrame, own: pl.DataFrame, sp: pl.Series, prev: pl.Series,
+def _run_sums(k: pl.DataFrame, own: list[pl.DataFrame], sp: pl.Series, prev: pl.Series,
               order: pl.Series) -> dict[str, memoryview]:
     """_interior_runs' per-kernel sums to the end of its run, from each kernel's own sums (_SUMS) and its next
     kernel in the run (_ptr, None where the run ends). Most links go to the kernel just before on the device by end
@@ -509,7 +513,7 @@ def _run_sums(k: pl.DataFrame, own: pl.DataFrame, sp: pl.Series, prev: pl.Series
     device by end, as _prev_and_order sorted them; any order gives the same sums, this one the fewest stretches)."""
     n = k.height
     pos_of = pl.repeat(0, n, dtype=pl.Int64, eager=True).scatter(order, pl.int_range(n, dtype=pl.Int64, eager=True))
-    s = own.select(pl.all().gather(order))
+    s = own.pop().select(pl.all().gather(order))  # own: [frame], emptied so that the frame is freed here
     # a stretch: rows whose link goes to the row just before; its head (first row) links elsewhere or nowhere
     s = s.with_columns(pl.int_range(n, dtype=pl.Int64).alias("_pos"),
                        pos_of.gather(s["_ptr"]).alias("_to"))
@@ -519,6 +523,7 @@ def _run_sums(k: pl.DataFrame, own: pl.DataFrame, sp: pl.Series, prev: pl.Series
     heads = cs.filter(head).select("_pos", "_to", *(pl.col(c) - s[c].filter(head) for c in _SUMS))
     seg_of = cs["_seg"]
     s = cs.select(*((pl.col(c) - heads[c].gather(seg_of)).alias(c) for c in _SUMS))
+    del cs
     # per stretch: where its head hands on to (a row of another stretch, or none), doubled over the stretches
     to = heads["_to"]
     g = pl.DataFrame([*(s[c].gather(to).fill_null(0) for c in _SUMS), seg_of.gather(to).alias("_ptr"),
@@ -532,6 +537,7 @@ def _run_sums(k: pl.DataFrame, own: pl.DataFrame, sp: pl.Series, prev: pl.Series
     # what the row's stretch head's chain adds, then back in the kernels' row order
     at = g.select(pl.all().gather(seg_of))
     tot = s.select(*((pl.col(c) + at[c]).gather(pos_of) for c in _SUMS), at["_last"].gather(pos_of), at["_ptr"].gather(pos_of))
+    del s, at
     last = order.gather(heads["_pos"].gather(tot["_last"]))
     # a run that never ends (zero-length kernels that are each other's previous activity) takes the walk's own code
     ff = ~sp & tot["_ptr"].is_null()
