@@ -190,10 +190,17 @@ def _reference(run: Run) -> pl.DataFrame:
 
 
 @pytest.mark.parametrize("name", DIRS)
-@pytest.mark.parametrize("runs_from,charge_few", [(0, None), (None, None), (None, 0)], ids=["runs", "shipped", "joins"])
-def test_vectorised_walk_equals_the_reference_walk(name, runs_from, charge_few, monkeypatch):
+@pytest.mark.parametrize("runs_from,charge_few,prev", [(0, None, None), (None, None, None), (None, 0, None), (0, None, True),
+                                                        (0, None, False)],
+                         ids=["runs", "shipped", "joins", "packed", "per-device"])
+def test_vectorised_walk_equals_the_reference_walk(name, runs_from, charge_few, prev, monkeypatch):
     # runs_from 0: the runs on every fixture (they are built only from _RUNS_FROM kernels on); None: as shipped.
     # charge_few 0: every round's host gaps charged by the as-of joins (as from _CHARGE_FEW gaps on), not in Python
+    # prev: each kernel's previous activity found in polars (from _PREV_IN_PYTHON kernels on), on one packed key
+    # (True) or device by device (False)
+    if prev is not None:
+        monkeypatch.setattr("traceql.link.critical_path._PREV_IN_PYTHON", 0)
+        monkeypatch.setattr("traceql.link.critical_path._PACK_DEVICES", prev)
     if runs_from is not None:
         monkeypatch.setattr("traceql.link.critical_path._RUNS_FROM", runs_from)
     if charge_few is not None:

@@ -58,15 +58,18 @@ def test_prev_on_device_is_the_latest_ending_earlier_activity(rows):
                      schema={"rank": pl.Int32, "source": pl.Int32, "device": pl.Int32, "ts": pl.Int64, "end": pl.Int64}, orient="row")
     import traceql.link.critical_path as cp
 
-    few = cp._PREV_IN_PYTHON
-    try:  # both paths: polars per device (from _PREV_IN_PYTHON kernels on), and Python below it
+    few, pack = cp._PREV_IN_PYTHON, cp._PACK_DEVICES
+    try:  # every path: polars on one packed key and per device (from _PREV_IN_PYTHON kernels on), Python below it
         cp._PREV_IN_PYTHON = 0
         big = cp._prev_and_order(k)
+        cp._PACK_DEVICES = False
+        loop = cp._prev_and_order(k)
         cp._PREV_IN_PYTHON = 1 << 30
         got, order = cp._prev_and_order(k)
     finally:
-        cp._PREV_IN_PYTHON = few
+        cp._PREV_IN_PYTHON, cp._PACK_DEVICES = few, pack
     assert got.equals(big[0]) and order.equals(big[1]), (got, big)
+    assert got.equals(loop[0]) and order.equals(loop[1]), (got, loop)
     dev = [(-1 if d is None else d) for _, d, _, _ in rows]
     for i, (r, _, ts, _) in enumerate(rows):
         # rows of the device ordered by (end, row): the last one that ended at or before i started, other than i
@@ -205,3 +208,68 @@ def test_comm_coverage_from_one_sweep_is_intervals_coverage(name):
     assert got.height == want.height > 0
     keys = ["rank", "step", "side"]
     assert_frame_equal(got.sort(keys), want.select(got.columns).sort(keys), check_dtypes=False, check_exact=True)
+
+
+_RUN_DIRS = sorted(p.parent for p in FIXTURES.glob("*/manifest.json")) + [FIXTURES.parent / "samples/demo"]
+
+
+@pytest.mark.parametrize("walk", ["listed", "searched"])
+@pytest.mark.parametrize("run_dir", _RUN_DIRS, ids=lambda p: p.name)
+def test_enclosing_ops_on_packed_keys_equal_the_joins(run_dir, walk, monkeypatch):
+    """link.context tests membership of the points' threads (and of the excluded step ranges) on one packed integer,
+    and finds each rank's threads on one: the host ops named for idle gaps and blocking calls must be those the
+    semi-join, anti-join and unique over the key columns give (both parent walks: in Python and by search)."""
+    from polars.testing import assert_frame_equal
+
+    from traceql import link
+    from traceql.link import context
+
+    if walk == "searched":
+        monkeypatch.setattr(context, "_WALK_IN_PYTHON", 0)
+    run = load_run(run_dir, use_cache=False, jobs=1)
+    names = ("gpu_idle_gaps", "blocking_calls")
+    got = {n: link.ensure(run, n) for n in names}
+    for n in names:
+        run.tables.pop(n)
+    monkeypatch.setattr(context, "PACKED", False)
+    for n in names:
+        assert_frame_equal(got[n], link.ensure(run, n))
+
+
+def _raw_gaps_reference(run) -> pl.DataFrame:
+    """breakdown._raw_gaps as it was written first: the previous operation's name filled forward as a string column."""
+    k = run.table("kernels").lazy().select("rank", "source", "device", "step", "ts", "end", "name").filter(
+        pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("rank").is_not_null())
+    k = k.with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), pl.col("device").fill_null(-1).cast(pl.Int32))
+    key = ["rank", "source", "device"]
+    k = k.sort([*key, "ts"], maintain_order=True).with_columns(pl.struct(key).rle_id().alias("_g"))
+    k = k.with_columns(pl.col("end").cum_max().over("_g").alias("_cm"))
+    k = k.with_columns(
+        pl.col("_cm").shift(1).over("_g").alias("_busy_until"),
+        pl.when(pl.col("end") == pl.col("_cm")).then(pl.col("name")).forward_fill().over("_g").shift(1).over("_g").alias("prev_name"),
+        pl.when(pl.col("end") == pl.col("_cm")).then(pl.col("step")).forward_fill().over("_g").shift(1).over("_g").alias("_prev_step"),
+    )
+    g = k.filter(pl.col("step").is_not_null() & (pl.col("ts") > pl.col("_busy_until")))
+    st = run.table("steps").lazy().select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "step", "ts")
+    st = st.group_by("rank", "source", "step").agg(pl.col("ts").min().alias("_host_ts")).sort("rank", "source", "step")
+    st = st.with_columns(pl.col("_host_ts").shift(1).over("rank", "source").fill_null(pl.col("_host_ts")).alias("_floor"))
+    g = g.join(st.select("rank", "source", "step", "_floor"), on=["rank", "source", "step"], how="left")
+    lead = pl.col("_prev_step").is_null() | (pl.col("_prev_step") != pl.col("step"))
+    g = g.with_columns(lead.alias("lead"), pl.when(lead & pl.col("_floor").is_not_null()).then(
+        pl.max_horizontal("_busy_until", "_floor")).otherwise(pl.col("_busy_until")).alias("gap_ts")).filter(pl.col("ts") > pl.col("gap_ts"))
+    return g.select("rank", "source", "device", "step", "gap_ts", pl.col("ts").alias("gap_end"),
+                    ((pl.col("ts") - pl.col("gap_ts")) / 1e6).alias("gap_ms"), "lead", "prev_name",
+                    pl.col("name").alias("next_name")).collect(engine="in-memory")
+
+
+@pytest.mark.parametrize("run_dir", _RUN_DIRS, ids=lambda p: p.name)
+def test_idle_gaps_name_the_previous_kernel_by_its_row(run_dir):
+    """_raw_gaps fetches the previous operation's name by row for the gaps only: the frame the string fill gave."""
+    from polars.testing import assert_frame_equal
+
+    from traceql.link.breakdown import _raw_gaps
+
+    run = load_run(run_dir, use_cache=False, jobs=1)
+    if run.table("kernels").height == 0:
+        pytest.skip("no kernels")
+    assert_frame_equal(_raw_gaps(run), _raw_gaps_reference(run))

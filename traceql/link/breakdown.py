@@ -123,13 +123,14 @@ def _raw_gaps(run: Run) -> pl.DataFrame:
     key = ["rank", "source", "device"]
     k = k.sort([*key, "ts"], maintain_order=True).with_columns(pl.struct(key).rle_id().alias("_g"))
     k = k.with_columns(pl.col("end").cum_max().over("_g").alias("_cm"))
-    k = k.with_columns(
+    # the operation that reached the running end last: the one whose end the gap starts from (its row: its name is
+    # fetched for the gaps only, not filled forward as a string column over every kernel)
+    k = k.with_row_index("_ri").with_columns(
         pl.col("_cm").shift(1).over("_g").alias("_busy_until"),
-        # the operation that reached the running end last: the one whose end the gap starts from
-        pl.when(pl.col("end") == pl.col("_cm")).then(pl.col("name")).forward_fill().over("_g").shift(1).over("_g").alias("prev_name"),
+        pl.when(pl.col("end") == pl.col("_cm")).then(pl.col("_ri")).forward_fill().over("_g").shift(1).over("_g").alias("_prev_row"),
         pl.when(pl.col("end") == pl.col("_cm")).then(pl.col("step")).forward_fill().over("_g").shift(1).over("_g").alias("_prev_step"),
-    )
-    g = k.filter(pl.col("step").is_not_null() & (pl.col("ts") > pl.col("_busy_until")))
+    ).collect(engine=POLARS_ENGINE)
+    g = k.lazy().filter(pl.col("step").is_not_null() & (pl.col("ts") > pl.col("_busy_until")))
     # A lead gap starts no earlier than the previous step's host range (for the first step: its own): idle time before
     # profiling or between start-up and the loop is nobody's step.
     st = run.table("steps").lazy().select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "step", "ts")
@@ -142,9 +143,10 @@ def _raw_gaps(run: Run) -> pl.DataFrame:
         pl.when(lead & pl.col("_floor").is_not_null()).then(pl.max_horizontal("_busy_until", "_floor"))
         .otherwise(pl.col("_busy_until")).alias("gap_ts"),
     ).filter(pl.col("ts") > pl.col("gap_ts"))
-    return g.select("rank", "source", "device", "step", "gap_ts", pl.col("ts").alias("gap_end"),
-                    ((pl.col("ts") - pl.col("gap_ts")) / 1e6).alias("gap_ms"), "lead", "prev_name",
-                    pl.col("name").alias("next_name")).collect(engine=POLARS_ENGINE)
+    g = g.select("rank", "source", "device", "step", "gap_ts", pl.col("ts").alias("gap_end"),
+                 ((pl.col("ts") - pl.col("gap_ts")) / 1e6).alias("gap_ms"), "lead", "_prev_row",
+                 pl.col("name").alias("next_name")).collect(engine=POLARS_ENGINE)
+    return g.select(*g.columns[:8], k["name"].gather(g["_prev_row"]).alias("prev_name"), "next_name")
 
 
 def gpu_idle_gaps(run: Run) -> pl.DataFrame:

@@ -38,18 +38,20 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
         # on the points' own threads only (tids): ops, parents included (an op's parent is on its thread), of the
         # other threads are never read, and sorting and indexing them was most of the cost for a few calls
         own = [*on, "tid"] if tids else on
-        lt = lt.join(pts.select(*on, *([pl.col("tid").cast(full.schema["tid"])] if tids else [])).unique(), on=own,
-                     how="semi", nulls_equal=True)
+        want = pts.select(*on, *([pl.col("tid").cast(full.schema["tid"])] if tids else [])).unique().collect(engine=POLARS_ENGINE)
+        inside = _member(full, want, own)
+        lt = lt.join(want.lazy(), on=own, how="semi", nulls_equal=True) if inside is None else lt.filter(inside)
         if exclude is not None and table == "host_ops" and exclude.height:
-            lt = lt.join(exclude.lazy().select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32),
-                                               pl.col("id").cast(full.schema["id"])), on=["rank", "source", "id"], how="anti")
+            ex = exclude.select(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), pl.col("id").cast(full.schema["id"]))
+            out = _member(full, ex, ["rank", "source", "id"])
+            lt = lt.join(ex.lazy(), on=["rank", "source", "id"], how="anti") if out is None else lt.filter(~out.fill_null(False))
         t = lt.collect(engine=POLARS_ENGINE)
         if t.height == 0:
             continue
         if tids:
             gt = pts.select("_gid", "rank", *src, "tid", "_mid").sort("_mid")
         else:
-            gt = pts.select("_gid", "rank", *src, "_mid").join(t.lazy().select("rank", *src, "tid").unique(), on=["rank", *src]).sort("_mid")
+            gt = pts.select("_gid", "rank", *src, "_mid").join(_threads(t, ["rank", *src, "tid"]).lazy(), on=["rank", *src]).sort("_mid")
         key = ["rank", *src]
         t = t.with_row_index("_r")
         right = t.lazy().select(*key, "tid", "ts", "id", "_r")
@@ -70,6 +72,51 @@ def enclosing_op(run: Run, points: pl.DataFrame, tids: bool = False, tables: tup
     # name, so the choice does not depend on the order joins return rows in
     allp = allp.sort(["_gid", "depth", "ts", "tid", "name"], descending=[False, True, True, False, False], nulls_last=True)
     return allp.group_by("_gid", maintain_order=True).first().select("_gid", pl.col("name").alias("host_op")).collect(engine=POLARS_ENGINE)
+
+
+PACKED = True  # tests turn it off to compare _member and _threads with the joins and the unique they replace
+
+
+def _member(full: pl.DataFrame, want: pl.DataFrame, cols: list[str]) -> pl.Expr | None:
+    """Whether a row's (cols) is one of want's rows, as a test of one packed integer (link/_keys.py) against want's
+    few keys: what a semi-join on cols keeps, without hashing every op's several columns (16 ranks x 36 MB: 25-30 ms
+    a table). None where a key column has nulls in either frame (the join matches nulls to nulls there) or the
+    values do not pack."""
+    if not PACKED or full.height == 0 or want.height == 0 or any(full[c].null_count() or want[c].null_count() for c in cols):
+        return None
+    key = _offset_key([full, want], cols)
+    if key is None:
+        return None
+    return key.is_in(want.select(key)["_key"].implode())
+
+
+def _offset_key(frames: list[pl.DataFrame], cols: list[str]) -> pl.Expr | None:
+    """packed_key over columns without nulls, each taken from its minimum over the frames (thread ids can be
+    negative: -2 in Kineto traces): collision-free; None where a column is not an integer or the widths pass 62 bits."""
+    parts = []
+    for c in cols:
+        if any(not f.schema[c].is_integer() for f in frames):
+            return None
+        lo = min(int(f[c].min()) for f in frames if f.height)
+        hi = max(int(f[c].max()) for f in frames if f.height)
+        parts.append((c, lo, max(1, (hi - lo).bit_length())))
+    if sum(w for _, _, w in parts) > 62:
+        return None
+    expr, shift = None, 0
+    for c, lo, w in reversed(parts):
+        part = (pl.col(c).cast(pl.Int64) - lo) * (1 << shift)
+        expr = part if expr is None else expr + part
+        shift += w
+    return expr.alias("_key")
+
+
+def _threads(t: pl.DataFrame, cols: list[str]) -> pl.DataFrame:
+    """t's distinct (rank, source, tid): on one packed integer where the values allow it (a hash of one column,
+    not of three), else a unique over the columns (the row order is not read)."""
+    key = None if not PACKED or t.height == 0 or any(t[c].null_count() for c in cols) else _offset_key([t], cols)
+    if key is None:
+        return t.select(cols).unique()
+    return t.select(cols).filter(t.select(key.is_first_distinct()).to_series())
 
 
 # below this many points the parent walk runs in Python over the ops as lists (_walk_listed): a level of the
