@@ -133,10 +133,8 @@ def _cached_steps(run: Run) -> bool:
         if hit is None or hit[0].height != rows or hit[0].columns != ["step"]:
             return False  # a miss or a damaged entry: assign every step afresh
         cols[name] = hit[0].to_series()
-    from traceql.link.steps import one_chunk
-
     for name, step in cols.items():
-        run.amend(name, lambda t, step=step: one_chunk(t.with_columns(step)))
+        run.amend(name, lambda t, step=step: t.with_columns(step))
     return True
 
 

@@ -71,7 +71,7 @@ def assign_steps(run: Run) -> None:
     for name in ("host_ops", "runtime", "collectives"):
         df = run.table(name)
         if df.height:
-            run.tables[name] = one_chunk(df.with_columns(_by_time(df, steps).alias("step")))
+            run.tables[name] = df.with_columns(_by_time(df, steps).alias("step"))
     runtime = run.table("runtime")
     launch_step = (
         runtime.filter(pl.col("correlation").is_not_null() & pl.col("step").is_not_null())
@@ -84,15 +84,7 @@ def assign_steps(run: Run) -> None:
         # the first launch of each (rank, source, correlation), joined on one packed integer key where possible
         by_launch = first_match(df.select(*_BY, "correlation"), launch_step, [*_BY, "correlation"])["_lstep"]
         by_time = _by_time(df, steps)
-        run.tables[name] = one_chunk(df.with_columns(by_launch.fill_null(by_time).alias("step")))
-
-
-def one_chunk(df: pl.DataFrame) -> pl.DataFrame:
-    """df in one chunk. A run of many sources holds each table as one chunk per source (the sources' frames
-    concatenated as they came), and every filter, gather and sort of the derived tables over it then works chunk by
-    chunk: 16 ranks x 36 MB, the derived tables' queries 20-50% dearer per table than over one chunk (in-process). One
-    copy here, as each row gets its step, serves all of them."""
-    return df.rechunk() if df.n_chunks() > 1 else df
+        run.tables[name] = df.with_columns(by_launch.fill_null(by_time).alias("step"))
 
 
 def step_times(run: Run) -> pl.DataFrame:
