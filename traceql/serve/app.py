@@ -175,27 +175,28 @@ def create_app(store: Store, queue: Queue, max_upload_bytes: int) -> Starlette:
         job = store.job(request.path_params["id"], owner)
         return not_found() if job is None else JSONResponse(job_json(request, job))
 
-    async def api_share(request: Request) -> Response:
+    def own_job_to_change(request: Request) -> tuple[dict | None, Response | None]:
+        """(the job, None) where the request's token owns it and may change it (a cookie only from this origin), else
+        (None, the refusal: 401, 403 or 404)."""
         owner, by_cookie = owner_of(request)
         if owner is None:
-            return unauthorized()
+            return None, unauthorized()
         if by_cookie and not same_origin(request):
-            return JSONResponse({"error": "cross-origin request refused"}, status_code=403)
+            return None, JSONResponse({"error": "cross-origin request refused"}, status_code=403)
         job = store.job(request.path_params["id"], owner)
-        if job is None:
-            return not_found()
+        return (job, None) if job is not None else (None, not_found())
+
+    async def api_share(request: Request) -> Response:
+        job, refused = own_job_to_change(request)
+        if refused is not None:
+            return refused
         url = f"{request.url.scheme}://{request.url.netloc}/s/{store.share(job['id'])}"
         return JSONResponse({"url": url, "id": job["id"]}, status_code=201)
 
     async def api_unshare(request: Request) -> Response:
-        owner, by_cookie = owner_of(request)
-        if owner is None:
-            return unauthorized()
-        if by_cookie and not same_origin(request):
-            return JSONResponse({"error": "cross-origin request refused"}, status_code=403)
-        job = store.job(request.path_params["id"], owner)
-        if job is None:
-            return not_found()
+        job, refused = own_job_to_change(request)
+        if refused is not None:
+            return refused
         return JSONResponse({"id": job["id"], "revoked": store.unshare(job["id"])})
 
     # ------------------------------------------------------------------------------------------ reports
