@@ -270,6 +270,7 @@ def test_idle_gaps_name_the_previous_kernel_by_its_row(run_dir):
     from traceql.link.breakdown import _raw_gaps
 
     run = load_run(run_dir, use_cache=False, jobs=1)
-    if run.table("kernels").height == 0:
-        pytest.skip("no kernels")
+    if run.table("kernels").height == 0:  # no GPU activity (compile logs, NCCL logs, CPU runs): no gaps at all
+        assert _raw_gaps(run).height == 0
+        return
     assert_frame_equal(_raw_gaps(run), _raw_gaps_reference(run))
