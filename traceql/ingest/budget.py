@@ -40,6 +40,7 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -195,8 +196,6 @@ class _Timeout(BaseException):
 
 def run_here(fn, source: Source, use_cache: bool, limits: Budget):
     """fn(source, use_cache, limits) in this process, under the memory limit and (in the main thread) the timer."""
-    import threading
-
     timer = limits.timeout_s is not None and threading.current_thread() is threading.main_thread()
     old = None
     if timer:
@@ -239,8 +238,6 @@ class LargeHere(BaseException):
 
 class _Watch:
     def __init__(self, cap: int, on_progress=None):
-        import threading
-
         self.cap = cap
         self.base = _rss_anon(os.getpid())
         self.thread = threading.get_ident()
@@ -248,8 +245,6 @@ class _Watch:
         self.on_progress = on_progress  # (done, total): what a worker would send as its progress
 
     def look(self, done: int, total: int) -> None:
-        import threading
-
         if threading.get_ident() != self.thread:
             return
         now = time.monotonic()
@@ -406,8 +401,6 @@ def _worker(conn, threads: str | None = None) -> None:
     import traceql.ingest.budget as this  # run as __main__, this file is also imported under its name: flag that one
 
     this._IN_WORKER = True
-    import threading
-
     this._CONN, this._SEND_LOCK = conn, threading.Lock()
     # A parent killed outright (a service's job stopped with SIGKILL) cannot stop its workers, and they run in their
     # own sessions: a worker whose parent is gone exits within a second, also in the middle of a read. Polled, not

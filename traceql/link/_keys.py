@@ -12,10 +12,12 @@ from __future__ import annotations
 import polars as pl
 
 
-def packed_key(frames: list[pl.DataFrame], cols: list[str]) -> pl.Expr | None:
+def packed_key(frames: list[pl.DataFrame], cols: list[str], from_min: bool = False) -> pl.Expr | None:
     """An expression giving the same collision-free Int64 for equal key tuples in every frame, or None when the
-    values (negative, non-integer, too wide) do not allow one: then join on the columns themselves."""
-    widths = []
+    values (negative, non-integer, too wide) do not allow one: then join on the columns themselves.
+    from_min: each column is taken from its minimum over the frames, so that negative values pack too (Kineto's
+    thread ids can be -2); the key is then non-negative as well."""
+    widths, lows = [], []
     for c in cols:
         lo, hi = None, None
         for df in frames:
@@ -27,15 +29,18 @@ def packed_key(frames: list[pl.DataFrame], cols: list[str]) -> pl.Expr | None:
                 continue
             lo = s[0] if lo is None else min(lo, s[0])
             hi = s[1] if hi is None else max(hi, s[1])
-        if lo is not None and lo < 0:
+        base = int(lo or 0) if from_min else 0
+        if lo is not None and lo < base:
             return None
-        widths.append(max(1, int(hi or 0).bit_length()))
+        lows.append(base)
+        widths.append(max(1, (int(hi or 0) - base).bit_length()))
     if sum(widths) > 62:
         return None
     expr = None
     shift = 0
-    for c, w in reversed(list(zip(cols, widths))):
-        part = pl.col(c).cast(pl.Int64) * (1 << shift)
+    for c, lo, w in reversed(list(zip(cols, lows, widths))):
+        col = pl.col(c).cast(pl.Int64)
+        part = (col - lo if lo else col) * (1 << shift)
         expr = part if expr is None else expr + part
         shift += w
     return expr.alias("_key")

@@ -84,36 +84,16 @@ def _member(full: pl.DataFrame, want: pl.DataFrame, cols: list[str]) -> pl.Expr 
     values do not pack."""
     if not PACKED or full.height == 0 or want.height == 0 or any(full[c].null_count() or want[c].null_count() for c in cols):
         return None
-    key = _offset_key([full, want], cols)
+    key = packed_key([full, want], cols, from_min=True)
     if key is None:
         return None
     return key.is_in(want.select(key)["_key"].implode())
 
 
-def _offset_key(frames: list[pl.DataFrame], cols: list[str]) -> pl.Expr | None:
-    """packed_key over columns without nulls, each taken from its minimum over the frames (thread ids can be
-    negative: -2 in Kineto traces): collision-free; None where a column is not an integer or the widths pass 62 bits."""
-    parts = []
-    for c in cols:
-        if any(not f.schema[c].is_integer() for f in frames):
-            return None
-        lo = min(int(f[c].min()) for f in frames if f.height)
-        hi = max(int(f[c].max()) for f in frames if f.height)
-        parts.append((c, lo, max(1, (hi - lo).bit_length())))
-    if sum(w for _, _, w in parts) > 62:
-        return None
-    expr, shift = None, 0
-    for c, lo, w in reversed(parts):
-        part = (pl.col(c).cast(pl.Int64) - lo) * (1 << shift)
-        expr = part if expr is None else expr + part
-        shift += w
-    return expr.alias("_key")
-
-
 def _threads(t: pl.DataFrame, cols: list[str]) -> pl.DataFrame:
     """t's distinct (rank, source, tid): on one packed integer where the values allow it (a hash of one column,
     not of three), else a unique over the columns (the row order is not read)."""
-    key = None if not PACKED or t.height == 0 or any(t[c].null_count() for c in cols) else _offset_key([t], cols)
+    key = None if not PACKED or t.height == 0 or any(t[c].null_count() for c in cols) else packed_key([t], cols, from_min=True)
     if key is None:
         return t.select(cols).unique()
     return t.select(cols).filter(t.select(key.is_first_distinct()).to_series())
