@@ -543,13 +543,7 @@ typedef struct {
 static const double POW10[23] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
                                  1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
-/* x (eight bytes, first in the lowest) holds eight ASCII digits: no byte outside '0'..'9' */
-static inline int all_digits8(uint64_t x) {
-    return ((x & 0xF0F0F0F0F0F0F0F0ULL) == 0x3030303030303030ULL) &&
-           (((x + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) == 0x3030303030303030ULL);
-}
-
-/* The value of eight ASCII digits (all_digits8), by pairs, then fours, then the eight. */
+/* The value of eight ASCII digits (first in the lowest byte), by pairs, then fours, then the eight. */
 static inline uint64_t eight_digits(uint64_t x) {
     x -= 0x3030303030303030ULL;
     x = x * 10 + (x >> 8);                                   /* byte 2k: the pair 2k, 2k+1 (0..99) */
@@ -557,6 +551,22 @@ static inline uint64_t eight_digits(uint64_t x) {
     pairs = (pairs * 100 + (pairs >> 16)) & 0x0000FFFF0000FFFFULL; /* the two fours, in 32-bit lanes */
     return (pairs & 0xFFFFFFFFULL) * 10000 + (pairs >> 32);
 }
+
+/* How many of x's bytes, from the first (lowest), are ASCII digits before one that is not (8: all of them). A byte
+ * gets its high bit in nd where it is below '0' (0xAF - y borrows into the high bit), above '9' (y + 0x46 carries
+ * into it) or not ASCII (its own high bit); y is the byte without its high bit, so neither sum crosses a lane. */
+static inline int digit_run8(uint64_t x) {
+    uint64_t y = x & 0x7F7F7F7F7F7F7F7FULL;
+    uint64_t nd = ((y + 0x4646464646464646ULL) | (0xAFAFAFAFAFAFAFAFULL - y) | x) & HIGHS;
+    return nd ? __builtin_ctzll(nd) >> 3 : 8;
+}
+
+/* The value of the first k (1..7) digits of x: moved up to the top bytes of eight, '0's before them. */
+static inline uint64_t first_digits(uint64_t x, int k) {
+    return eight_digits((x << (64 - 8 * k)) | (0x3030303030303030ULL >> (8 * k)));
+}
+
+static const uint64_t POW10_INT[8] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000};
 
 /* A JSON number at c->p, validated against the grammar. Integers that overflow int64 bail (the general path keeps
  * them as Python ints and nulls them later; they never occur in real traces). Doubles are correctly rounded: the
@@ -575,10 +585,21 @@ static int lex_number(Cur *c, Num *out) {
         /* eight digits at a time while they fit (timestamps have 16): 99999999 * 10^8 + ... stays below 10^18 */
         while (end - p >= 8 && digits <= 10) {
             uint64_t x = load64(p);
-            if (!all_digits8(x)) break;
-            mant = mant * 100000000ULL + eight_digits(x);
-            digits += 8;
-            p += 8;
+            int k = digit_run8(x);
+            if (k == 8) {
+                mant = mant * 100000000ULL + eight_digits(x);
+                digits += 8;
+                p += 8;
+                continue;
+            }
+            /* the last few digits (pid, dur, ids: most numbers are shorter than eight) at once, while the value
+             * stays below 10^18; past that the loop below, which sees overflow */
+            if (k && digits + k <= 18) {
+                mant = mant * POW10_INT[k] + first_digits(x, k);
+                digits += k;
+                p += k;
+            }
+            break;
         }
         while (p < end && *p >= '0' && *p <= '9') {
             if (mant > (UINT64_MAX - 9) / 10) overflow = 1;
@@ -656,18 +677,29 @@ static int us_to_ns(const Num *v, int64_t *ns) {
 
 static int skip_value(Cur *c, int depth);
 
+/* Past the run of digits at p, eight bytes at a time. */
+static inline const unsigned char *skip_digits(const unsigned char *p, const unsigned char *end) {
+    while (end - p >= 8) {
+        int k = digit_run8(load64(p));
+        p += k;
+        if (k < 8) return p;
+    }
+    while (p < end && *p >= '0' && *p <= '9') p++;
+    return p;
+}
+
 /* A number whose value is not needed: the grammar only. */
 static int skip_number(Cur *c) {
     const unsigned char *p = c->p, *end = c->end;
     if (p < end && *p == '-') p++;
     if (p >= end) return -1;
     if (*p == '0') p++;
-    else if (*p >= '1' && *p <= '9') while (p < end && *p >= '0' && *p <= '9') p++;
+    else if (*p >= '1' && *p <= '9') p = skip_digits(p, end);
     else return -1;
     if (p < end && *p == '.') {
         p++;
         if (p >= end || *p < '0' || *p > '9') return -1;
-        while (p < end && *p >= '0' && *p <= '9') p++;
+        p = skip_digits(p, end);
     }
     if (p < end && (*p == 'e' || *p == 'E')) {
         p++;
