@@ -571,7 +571,7 @@ static const uint64_t POW10_INT[8] = {1, 10, 100, 1000, 10000, 100000, 1000000, 
 /* A JSON number at c->p, validated against the grammar. Integers that overflow int64 bail (the general path keeps
  * them as Python ints and nulls them later; they never occur in real traces). Doubles are correctly rounded: the
  * exact fast path (mantissa < 2^53, |exponent| <= 22: one IEEE operation on exact operands), else strtod. */
-static int lex_number(Cur *c, Num *out) {
+static inline __attribute__((always_inline)) int lex_number(Cur *c, Num *out) {
     const unsigned char *p = c->p, *end = c->end, *start = p;
     int neg = 0;
     if (p < end && *p == '-') { neg = 1; p++; }
@@ -867,11 +867,16 @@ static int field_id(Feed *f, int field, int name_field) {
 
 /* A member's key and the colon after it: `"key" :`, whitespace around. Keys with escapes bail (no profiler writes
  * them; the general path unescapes them). */
-static int read_key(Cur *c, const unsigned char **k, Py_ssize_t *n) {
+static inline __attribute__((always_inline)) int read_key(Cur *c, const unsigned char **k, Py_ssize_t *n) {
     int esc;
     skip_ws(c);
     if (c->p >= c->end || *c->p != '"') return -1;
     if (lex_string(c, k, n, &esc) < 0 || esc) return -1;
+    const unsigned char *p = c->p;
+    if (c->end - p >= 3 && p[0] == ':' && p[1] == ' ' && p[2] > ' ') { /* `": v`, as profilers write members */
+        c->p = p + 2;
+        return 0;
+    }
     skip_ws(c);
     if (c->p >= c->end || *c->p != ':') return -1;
     c->p++;
@@ -881,6 +886,11 @@ static int read_key(Cur *c, const unsigned char **k, Py_ssize_t *n) {
 
 /* After a member's value: 0 when a comma follows (another member), 1 at the closing brace, -1 otherwise. */
 static int after_member(Cur *c) {
+    const unsigned char *p = c->p;
+    if (c->end - p >= 3 && p[0] == ',' && p[1] == ' ' && p[2] == '"') { /* `, "` before the next key */
+        c->p = p + 2;
+        return 0;
+    }
     skip_ws(c);
     if (c->p >= c->end) return -1;
     if (*c->p == ',') { c->p++; return 0; }
