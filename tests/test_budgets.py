@@ -3,6 +3,7 @@ reason naming the file, the budget and the variable that raises it, and every ot
 
 from __future__ import annotations
 
+import copy
 import gzip
 import os
 import shutil
@@ -325,6 +326,91 @@ def test_a_worker_whose_parent_is_killed_exits_even_while_its_socket_stays_open(
         mine.close()
         if worker > 0 and _alive(worker):
             os.kill(worker, signal.SIGKILL)
+
+
+def test_workers_are_forked_by_one_zygote_and_read_as_started_workers_do(mixed):
+    """Every worker of a pool but the first costs a fork, not a fresh interpreter's imports; what they read is what a
+    started worker reads, and the pool's close leaves no process behind."""
+    if not budget._can_fork():
+        pytest.skip("no pidfds here: workers are started as fresh interpreters")
+    sources = discover(mixed)
+    tasks = [(s, False, budget.Budget(120.0, None)) for s in sources]
+    pool = budget.Pool()
+    try:
+        forked = {s.path.name: t for s, t in pool.run(tasks, 3)}
+        assert pool.zygotes == 1 and pool.spawned == 3
+        zygote = pool.zygote.proc.pid
+        workers = [w.proc.pid for w in pool.idle]
+        assert all(isinstance(w.proc, budget._Forked) for w in pool.idle) and len(workers) == 3
+    finally:
+        pool.close()
+    assert not any(_alive(p) for p in [zygote, *workers])
+    started = budget.Pool()
+    started.zygotes = 2  # no zygote: fresh interpreters, as where pidfds are missing
+    try:
+        plain = {s.path.name: t for s, t in started.run([(copy.deepcopy(s), False, b) for s, _, b in tasks], 3)}
+    finally:
+        started.close()
+    assert forked.keys() == plain.keys()
+    for name, tables in plain.items():
+        for t, df in tables.items():
+            keys = [c for c, d in df.schema.items() if not isinstance(d, (pl.List, pl.Struct, pl.Array))]
+            assert forked[name][t].sort(keys, nulls_last=True).equals(df.sort(keys, nulls_last=True)), (name, t)
+
+
+def test_a_zygote_that_dies_leaves_workers_started_as_fresh_interpreters(mixed, monkeypatch):
+    if not budget._can_fork():
+        pytest.skip("no pidfds here: workers are started as fresh interpreters")
+    started = []
+    interpreter = budget._interpreter
+    monkeypatch.setattr(budget, "_interpreter", lambda args, *a: (started.append(args), interpreter(args, *a))[1])
+    sources = discover(mixed)
+    pool = budget.Pool()
+    try:
+        first = list(pool.run([(sources[0], False, budget.Budget(120.0, None))], 1))
+        assert first[0][0].status == "ok" and pool.zygotes == 1
+        for w in pool.idle:
+            w.kill()
+        pool.zygote.proc.kill()
+        pool.zygote.proc.wait(10)
+        # the first fork asked of the dead zygote fails: that worker starts afresh; the next zygote serves the rest
+        done = list(pool.run([(s, False, budget.Budget(120.0, None)) for s in sources], 2))
+        assert sorted(s.path.name for s, _ in done) == sorted(s.path.name for s in sources)
+        assert all(s.status == "ok" for s, _ in done)
+        assert started == [["--zygote"], [], ["--zygote"]] and pool.zygotes == 2
+    finally:
+        pool.close()
+
+
+def test_the_zygote_and_its_workers_exit_once_the_checking_process_is_killed(tmp_path):
+    # the chain a service's killed job leaves: its zygote sees its parent gone, kills its workers and goes
+    import subprocess
+
+    if not budget._can_fork():
+        pytest.skip("no pidfds here: workers are started as fresh interpreters")
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time\n"
+         "from traceql.ingest import budget\n"
+         "pool = budget.Pool(); pool.max_spawn = 5\n"
+         "ws = pool._take(2, '1')\n"
+         "print(pool.zygote.proc.pid, *(w.proc.pid for w in ws), flush=True)\n"
+         "time.sleep(600)\n"],
+        stdout=subprocess.PIPE, text=True, cwd=REPO)
+    pids: list[int] = []
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 3 and all(_alive(p) for p in pids)
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 20
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(p) for p in pids), "the zygote or a worker is still running"
+    finally:
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:

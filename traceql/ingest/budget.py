@@ -1,7 +1,8 @@
 """Per-source time and memory budgets: every untrusted source is read in a worker process that can be stopped.
 
 A source is read in a worker of a persistent pool (`python -m traceql.ingest.budget`, started by the first read that
-needs one and reused by every later ingest of the process), under
+needs one and reused by every later ingest of the process; the workers after the first are forked by a zygote that
+imported what a worker imports, see "the zygote" below, or with TRACEQL_FORK_WORKERS=0 started afresh), under
 
 - a time budget: wall-clock seconds from handing the source to the worker until its tables are back (less any time
   this process spent reading it first, see "one large plain trace" below). Past it the worker is killed (SIGKILL: a loop inside polars or a C scanner cannot be interrupted any other way) and replaced;
@@ -395,8 +396,18 @@ def _set_as_limit(extra: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (min(cap, _vm_size() + extra), hard))
 
 
-def _worker(conn, threads: str | None = None) -> None:
-    """Read sources sent over `conn` one at a time until told to stop (None)."""
+def _quiet() -> None:
+    """Nothing a worker prints may reach the command's output (a JSON or SARIF report on stdout) or its stderr (Rust's
+    "memory allocation failed" and backtrace at the limit): each source comes back with its one-line reason."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+
+
+def _worker(conn, threads: str | None = None, forked: bool = False) -> None:
+    """Read sources sent over `conn` one at a time until told to stop (None). forked: by the zygote, which imported
+    what a worker imports and silenced its output already."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C is the parent's to handle; it kills the workers
     import traceql.ingest.budget as this  # run as __main__, this file is also imported under its name: flag that one
 
@@ -405,6 +416,7 @@ def _worker(conn, threads: str | None = None) -> None:
     # A parent killed outright (a service's job stopped with SIGKILL) cannot stop its workers, and they run in their
     # own sessions: a worker whose parent is gone exits within a second, also in the middle of a read. Polled, not
     # PR_SET_PDEATHSIG: that fires when the parent's starting *thread* ends, and pools are started from Dask threads.
+    # (A forked worker's parent is the zygote, which goes when the checking process does.)
     parent = os.getppid()
 
     def orphaned() -> None:
@@ -414,12 +426,8 @@ def _worker(conn, threads: str | None = None) -> None:
                 os._exit(1)
 
     threading.Thread(target=orphaned, daemon=True, name="traceql-orphan-watch").start()
-    # Nothing a worker prints may reach the command's output (a JSON or SARIF report on stdout) or its stderr (Rust's
-    # "memory allocation failed" and backtrace at the limit): each source comes back with its one-line reason.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
-    os.close(devnull)
+    if not forked:
+        _quiet()
     if threads is not None and "POLARS_MAX_THREADS" not in os.environ:
         os.environ["POLARS_MAX_THREADS"] = threads  # read when polars first starts its thread pool
     from traceql.ingest import formats
@@ -453,6 +461,83 @@ def _worker(conn, threads: str | None = None) -> None:
             conn.send(packed)
         if out[0].status == "error" and out[0].detail == budget.memory_reason(source.path):
             return  # after an allocation failure the heap may be in any state: a fresh worker reads the next one
+
+
+# ---------------------------------------------------------------- the zygote: workers forked, not started
+#
+# A worker started as a fresh interpreter imports polars and the readers before it reads: 0.35-0.85 CPU s, paid by
+# every worker (16 of them on a 16-core machine, whatever the rank count) and again by every replacement. The zygote
+# (`python -m traceql.ingest.budget --zygote FD`) pays it once: it imports what a worker imports and then forks a
+# worker for each request, which costs milliseconds. It never runs polars itself: its only other threads are
+# jemalloc's background threads (stopped by jemalloc's own fork handlers; a child allocates without them) and polars'
+# spill cleaner, idle since nothing ran, so no lock is held as it forks; each child starts polars' thread pool itself,
+# sized as a started worker's. A forked worker is its own process as before (its own address-space limit, killed by
+# the parent, gone when orphaned); the parent signals it through a pidfd (never a reused pid) and the zygote reaps it
+# when the parent asks, which gives the parent its exit status. Where the zygote cannot start, stops answering or
+# dies, workers are started as fresh interpreters again.
+
+
+def _zygote(conn) -> None:
+    """Fork a worker (_worker) for each ("fork", threads) request, whose socket end follows it (SCM_RIGHTS); reap one
+    when asked (("reap", pid) -> its wait status); on None, end of file, or a parent gone, kill what is left and go."""
+    from multiprocessing import reduction
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+    _quiet()
+    from traceql.ingest import formats
+
+    formats()  # what a worker imports; polars' thread pool is not started here (each child starts its own)
+    import gc
+
+    gc.freeze()  # the imports' objects: a child's collections do not touch (and copy) their pages
+    live: set[int] = set()
+    conn.send("ready")
+    try:
+        while True:
+            if not conn.poll(1.0):
+                if os.getppid() != parent:
+                    return
+                continue
+            msg = conn.recv()
+            if msg is None:
+                return
+            if msg[0] == "fork":
+                fd = reduction.recv_handle(conn)
+                pid = os.fork()
+                if pid == 0:
+                    code = 1
+                    try:
+                        conn.close()
+                        _worker(_connection(fd), msg[1], forked=True)
+                        code = 0
+                    finally:
+                        os._exit(code)
+                os.close(fd)
+                live.add(pid)
+                conn.send(("forked", pid))
+            elif msg[0] == "reap":
+                try:
+                    status = os.waitpid(msg[1], 0)[1]
+                except ChildProcessError:
+                    status = None
+                live.discard(msg[1])
+                conn.send(("reaped", status))
+    except (EOFError, OSError):
+        return
+    finally:
+        for pid in live:  # the parent is done or gone: so are its workers (their CPU counted, as reaped)
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+
+
+def _connection(fd: int):
+    from multiprocessing.connection import Connection
+
+    return Connection(fd)
 
 
 # Tables up to this size travel back pickled over the socket; larger ones as Arrow IPC files that the parent maps
@@ -523,31 +608,190 @@ def _rss_anon(pid: int) -> int:
     return 0
 
 
-class _Worker:
-    """`python -m traceql.ingest.budget FD`: a fresh interpreter (not multiprocessing's spawn, which would import the
-    caller's __main__ again: a script without a main guard, or stdin), talking over one end of a socket pair."""
+def _interpreter(args: list[str], threads: str | None, malloc_conf: str | None = None):
+    """`python -m traceql.ingest.budget ARGS... FD`: a fresh interpreter (not multiprocessing's spawn, which would
+    import the caller's __main__ again: a script without a main guard, or stdin), talking over one end of a socket
+    pair. (process, connection)."""
+    import socket
+    import subprocess
+    import sys
 
-    def __init__(self, threads: str | None):
-        import socket
-        import subprocess
-        import sys
-        from multiprocessing.connection import Connection
-
-        ours, theirs = socket.socketpair()
-        env = dict(os.environ)
-        # the same traceql (and everything else) as this process, wherever it was imported from
-        # (first the folder this traceql was imported from: sys.path's '' stands for a cwd the worker may not share)
-        here = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join([here, *(p for p in sys.path if p and os.path.isdir(p) and p != here)])
-        if threads is not None:
-            env.setdefault("POLARS_MAX_THREADS", threads)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "traceql.ingest.budget", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+    ours, theirs = socket.socketpair()
+    env = dict(os.environ)
+    # the same traceql (and everything else) as this process, wherever it was imported from
+    # (first the folder this traceql was imported from: sys.path's '' stands for a cwd the worker may not share)
+    here = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([here, *(p for p in sys.path if p and os.path.isdir(p) and p != here)])
+    if threads is not None:
+        env.setdefault("POLARS_MAX_THREADS", threads)
+    if malloc_conf is not None:
+        env.setdefault("_RJEM_MALLOC_CONF", malloc_conf)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "traceql.ingest.budget", *args, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
             start_new_session=True,  # ^C in the terminal goes to the command, which stops its workers itself
         )
+    finally:
         theirs.close()
-        self.conn = Connection(ours.detach())
+    return proc, _connection(ours.detach())
+
+
+_ZYGOTE_REPLY_S = 30.0  # a fork or a reap answered within this, or the zygote is taken as gone
+
+
+class _Zygote:
+    """The parent's end of the zygote (_zygote): fork a worker, reap one. A zygote that dies, or does not answer in
+    time, is stopped and taken as gone (broken): the pool starts its workers as fresh interpreters instead."""
+
+    def __init__(self):
+        from traceql.polars_env import KEEP_FREED_PAGES
+
+        # A forked child allocates without jemalloc's background threads, which purge freed pages in the background
+        # of a started worker; purged in line instead, as they age, they cost a read of 36 MB ~0.03-0.05 CPU s more.
+        # Freed pages kept for a minute (as the checking process keeps them) are neither: the forked workers then
+        # read at a started worker's cost or less. What they keep counts against RECYCLE_BYTES as before.
+        self.proc, self.conn = _interpreter(["--zygote"], None, KEEP_FREED_PAGES)
+        self.ready = False
+        self.broken = False
+        self.lock = threading.Lock()  # one request and its answer at a time
+
+    def _ask(self, msg, fd: int | None = None):
+        with self.lock:
+            if self.broken:
+                return None
+            try:
+                if not self.ready:  # the first request waits for its imports (a worker's start, once)
+                    if not self.conn.poll(_READY_TIMEOUT_S) or self.conn.recv() != "ready":
+                        raise EOFError
+                    self.ready = True
+                self.conn.send(msg)
+                if fd is not None:
+                    from multiprocessing import reduction
+
+                    reduction.send_handle(self.conn, fd, self.proc.pid)
+                if not self.conn.poll(_ZYGOTE_REPLY_S):
+                    raise EOFError
+                return self.conn.recv()
+            except (EOFError, OSError, ValueError):
+                self._stop()
+                return None
+
+    def fork(self, threads: str | None):
+        """(process, connection) of a worker forked now, or None (the zygote is gone)."""
+        import socket
+
+        ours, theirs = socket.socketpair()
+        try:
+            got = self._ask(("fork", threads), theirs.fileno())
+        finally:
+            theirs.close()
+        if not got or got[0] != "forked":
+            ours.close()
+            return None
+        try:
+            return _Forked(got[1], self), _connection(ours.detach())
+        except OSError:  # no pidfd for it (it cannot have been reaped: the zygote reaps only when asked)
+            ours.close()
+            return None
+
+    def reap(self, pid: int) -> int | None:
+        got = self._ask(("reap", pid))
+        return got[1] if got and got[0] == "reaped" else None
+
+    def _stop(self) -> None:
+        self.broken = True
+        try:
+            self.proc.kill()
+            self.proc.wait(5)
+        except Exception:  # noqa: BLE001 - gone already, or a zombie for the system to reap
+            pass
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Its workers were stopped (the pool's close): it goes too, reaping any left, and is waited for (so that
+        their CPU time and its own count as this process's children's)."""
+        with self.lock:
+            if self.broken:
+                return
+            try:
+                self.conn.send(None)
+                self.proc.wait(5)
+            except Exception:  # noqa: BLE001 - it does not go: stop it
+                pass
+            self._stop()
+
+
+class _Forked:
+    """A worker forked by the zygote, as _Worker uses a Popen (pid, poll, kill, wait): signalled through a pidfd,
+    which names this process and no later one with its pid, and reaped by the zygote, which reports its status."""
+
+    def __init__(self, pid: int, zygote: _Zygote):
+        self.pid = pid
+        self.zygote = zygote
+        self.returncode: int | None = None
+        self.pidfd = os.pidfd_open(pid)
+
+    def _ended(self, timeout: float | None) -> bool:
+        import select
+
+        return bool(select.select([self.pidfd], [], [], timeout)[0])
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._ended(0):
+            self.wait()
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            # the zygote's waitpid blocks until the process ends: asked only once it has
+            if not self._ended(timeout):
+                import subprocess
+
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
+            status = self.zygote.reap(self.pid)
+            # with the zygote gone, the system reaped the process and its status is lost
+            self.returncode = os.waitstatus_to_exitcode(status) if status is not None else -1
+            os.close(self.pidfd)
+        return self.returncode
+
+
+_PIDFDS: bool | None = None
+
+
+def _can_fork() -> bool:
+    """Workers may be forked by a zygote: Linux with pidfds (5.3), where a signal cannot reach a reused pid, unless
+    TRACEQL_FORK_WORKERS=0 asks for fresh interpreters."""
+    global _PIDFDS
+    if os.environ.get("TRACEQL_FORK_WORKERS", "1").strip() == "0":
+        return False
+    if _PIDFDS is None:
+        _PIDFDS = False
+        if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):
+            try:
+                os.close(os.pidfd_open(os.getpid()))
+                _PIDFDS = True
+            except OSError:  # a kernel without them
+                pass
+    return _PIDFDS
+
+
+class _Worker:
+    """A budget worker: forked by the zygote (forked: its process and connection) or, without one, a fresh
+    interpreter (_interpreter)."""
+
+    def __init__(self, threads: str | None, forked=None):
+        self.proc, self.conn = forked if forked is not None else _interpreter([], threads)
         self.ready = False
         self.base_rss = 0
         self.fresh_rss = 0
@@ -579,6 +823,8 @@ class Pool:
         self.idle: list[_Worker] = []
         self.spawned = 0
         self.max_spawn = 0  # raised by run(): every task may cost one worker, plus a few that die while starting
+        self.zygote: _Zygote | None = None
+        self.zygotes = 0  # started: a second that breaks too leaves fresh interpreters for good
 
     def _take(self, n: int, threads: str | None) -> list[_Worker]:
         ws = [w for w in self.idle if w.alive()]
@@ -595,7 +841,16 @@ class Pool:
         self.spawned += 1
         if self.spawned > self.max_spawn:
             raise RuntimeError("ingest workers keep dying as they start; set TRACEQL_SOURCE_ISOLATION=0 to read in-process")
-        return _Worker(threads)
+        if self.zygote is not None and self.zygote.broken:
+            self.zygote = None
+        if self.zygote is None and self.zygotes < 2 and _can_fork():
+            self.zygotes += 1
+            try:
+                self.zygote = _Zygote()
+            except OSError:
+                self.zygotes = 2
+        forked = self.zygote.fork(threads) if self.zygote is not None else None
+        return _Worker(threads, forked)
 
     def close(self) -> None:
         for w in self.idle:
@@ -605,6 +860,9 @@ class Pool:
                 pass
             w.kill()
         self.idle = []
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
 
     def run(self, tasks: list[tuple[Source, bool, Budget]], workers: int, inline_max: int = INLINE_MAX_BYTES, on_progress=None):
         """Yield (source, tables) for every task, each read under its budget. Largest first: better packing.
@@ -730,6 +988,8 @@ def pool() -> Pool:
 
 if __name__ == "__main__":
     import sys
-    from multiprocessing.connection import Connection
 
-    _worker(Connection(int(sys.argv[1])))
+    if sys.argv[1] == "--zygote":
+        _zygote(_connection(int(sys.argv[2])))
+    else:
+        _worker(_connection(int(sys.argv[1])))

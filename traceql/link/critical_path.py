@@ -92,11 +92,11 @@ def path_kernels(run: Run) -> pl.DataFrame:
 
 def host_covers(run: Run) -> dict[str, pl.DataFrame]:
     """The intervals (rank, ts, end) each of host_cover's unions is made of, by cover name, in host_cover's order."""
-    from traceql.link.input_pipeline import LOADER_NEXT
+    from traceql.link.input_pipeline import loader_rows
 
     rt = run.table("runtime")
     return {
-        "loader": run.table("host_ops").filter(pl.col("name").str.contains(LOADER_NEXT)).select("rank", "ts", "end"),
+        "loader": loader_rows(run.table("host_ops")).select("rank", "ts", "end"),
         "sync": rt.filter((pl.col("kind") == "sync") & ~pl.col("name").str.contains("Query")).select("rank", "ts", "end"),
         # the host's own work: any op or range, and runtime calls (launches); outside all of them the host ran
         # code the profiler did not record (Python between ops, a sleep, another library)

@@ -29,6 +29,13 @@ from traceql import intervals
 from traceql.model import Run
 
 LOADER_NEXT = r"^enumerate\(DataLoader\)#\w+\.__next__$"
+_LOADER_PREFIX = "enumerate(DataLoader)#"  # what every LOADER_NEXT match starts with
+
+
+def loader_rows(h: pl.DataFrame) -> pl.DataFrame:
+    """The host ops that are DataLoader fetches (LOADER_NEXT): the regex only on the ops that start with its literal
+    prefix, a few if any (at 32 ranks x 36 MB, 1.9M host ops on the loaded 2-vCPU box: 0.106-0.110 s for the regex over every name, 0.073-0.074 with the prefix first)."""
+    return h.filter(pl.col("name").str.starts_with(_LOADER_PREFIX)).filter(pl.col("name").str.contains(LOADER_NEXT))
 PIN_OPS = ("aten::pin_memory", "aten::_pin_memory")
 _KEY = ["rank", "source"]
 
@@ -69,7 +76,7 @@ def loader_ops(run: Run) -> pl.DataFrame:
     h = run.table("host_ops")
     if h.height == 0:
         return h.select("rank", "source", "step", "ts", "end", "name")
-    return h.filter(pl.col("name").str.contains(LOADER_NEXT)).select(
+    return loader_rows(h).select(
         pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), "step", "ts", "end", "name")
 
 
