@@ -218,12 +218,14 @@ _RUN_DIRS = sorted(p.parent for p in FIXTURES.glob("*/manifest.json")) + [FIXTUR
 def test_enclosing_ops_on_packed_keys_equal_the_joins(run_dir, walk, monkeypatch):
     """link.context tests membership of the points' threads (and of the excluded step ranges) on one packed integer,
     and finds each rank's threads on one: the host ops named for idle gaps and blocking calls must be those the
-    semi-join, anti-join and unique over the key columns give (both parent walks: in Python and by search)."""
+    semi-join, anti-join and unique over the key columns give (both parent walks: in Python and by search), and the
+    ops found by searching one packed (thread, start) integer those polars' as-of join by thread finds."""
     from polars.testing import assert_frame_equal
 
     from traceql import link
     from traceql.link import context
 
+    monkeypatch.setattr(context, "_SEARCH_OPS_FROM", 0)  # the search of ops by (thread, start) at any size
     if walk == "searched":
         monkeypatch.setattr(context, "_WALK_IN_PYTHON", 0)
     run = load_run(run_dir, use_cache=False, jobs=1)
