@@ -8,6 +8,7 @@ import gzip
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -358,6 +359,37 @@ def test_workers_are_forked_by_one_zygote_and_read_as_started_workers_do(mixed):
             assert forked[name][t].sort(keys, nulls_last=True).equals(df.sort(keys, nulls_last=True)), (name, t)
 
 
+def _polars_threads(pid: int) -> int:
+    task = Path(f"/proc/{pid}/task")
+    return sum((t / "comm").read_text().startswith("polars-") and (t / "comm").read_text().strip()[7:].isdigit()
+               for t in task.iterdir())
+
+
+def test_forked_workers_have_the_polars_thread_pool_a_started_worker_of_their_size_has():
+    # polars sizes its pool from POLARS_MAX_THREADS as it is imported: a zygote imported without it would fork
+    # one-thread workers with a pool of every core (16 workers x 16 threads on a 16-core machine)
+    if not budget._can_fork():
+        pytest.skip("no pidfds here: workers are started as fresh interpreters")
+    pool = budget.Pool()
+    pool.max_spawn = 9
+    fresh = budget._Worker("1")
+    try:
+        forked = pool._take(2, "1")
+        assert all(isinstance(w.proc, budget._Forked) for w in forked)
+        wide = pool._take(1, None)[0]  # another size: started afresh, not forked at the zygote's size
+        assert isinstance(wide.proc, subprocess.Popen) and pool.zygote.threads == "1"
+        deadline = time.monotonic() + 60
+        for w in [*forked, fresh]:
+            while not w.conn.poll(0.1):  # "ready": its thread pool has started
+                assert time.monotonic() < deadline, "a worker did not start"
+            assert w.conn.recv() == "ready"
+        assert [_polars_threads(w.proc.pid) for w in forked] == [_polars_threads(fresh.proc.pid)] * 2 == [1, 1]
+        wide.kill()
+    finally:
+        fresh.kill()
+        pool.close()
+
+
 def test_a_zygote_that_dies_leaves_workers_started_as_fresh_interpreters(mixed, monkeypatch):
     if not budget._can_fork():
         pytest.skip("no pidfds here: workers are started as fresh interpreters")
@@ -367,8 +399,8 @@ def test_a_zygote_that_dies_leaves_workers_started_as_fresh_interpreters(mixed, 
     sources = discover(mixed)
     pool = budget.Pool()
     try:
-        first = list(pool.run([(sources[0], False, budget.Budget(120.0, None))], 1))
-        assert first[0][0].status == "ok" and pool.zygotes == 1
+        first = list(pool.run([(s, False, budget.Budget(120.0, None)) for s in sources[:2]], 2))
+        assert [s.status for s, _ in first] == ["ok", "ok"] and pool.zygotes == 1
         for w in pool.idle:
             w.kill()
         pool.zygote.proc.kill()

@@ -471,7 +471,8 @@ def _worker(conn, threads: str | None = None, forked: bool = False) -> None:
 # worker for each request, which costs milliseconds. It never runs polars itself: its only other threads are
 # jemalloc's background threads (stopped by jemalloc's own fork handlers; a child allocates without them) and polars'
 # spill cleaner, idle since nothing ran, so no lock is held as it forks; each child starts polars' thread pool itself,
-# sized as a started worker's. A forked worker is its own process as before (its own address-space limit, killed by
+# of the size the zygote's environment gave (POLARS_MAX_THREADS, read by polars' import): the zygote forks only workers
+# of its own size, others start afresh. A forked worker is its own process as before (its own address-space limit, killed by
 # the parent, gone when orphaned); the parent signals it through a pidfd (never a reused pid) and the zygote reaps it
 # when the parent asks, which gives the parent its exit status. Where the zygote cannot start, stops answering or
 # dies, workers are started as fresh interpreters again.
@@ -644,14 +645,18 @@ class _Zygote:
     """The parent's end of the zygote (_zygote): fork a worker, reap one. A zygote that dies, or does not answer in
     time, is stopped and taken as gone (broken): the pool starts its workers as fresh interpreters instead."""
 
-    def __init__(self):
+    def __init__(self, threads: str | None):
         from traceql.polars_env import KEEP_FREED_PAGES
 
         # A forked child allocates without jemalloc's background threads, which purge freed pages in the background
         # of a started worker; purged in line instead, as they age, they cost a read of 36 MB ~0.03-0.05 CPU s more.
         # Freed pages kept for a minute (as the checking process keeps them) are neither: the forked workers then
         # read at a started worker's cost or less. What they keep counts against RECYCLE_BYTES as before.
-        self.proc, self.conn = _interpreter(["--zygote"], None, KEEP_FREED_PAGES)
+        # polars reads POLARS_MAX_THREADS as it is imported, so the zygote's children have the thread pool its
+        # environment gave it: it forks only workers of that size (a 1-thread worker with a pool of every core beside
+        # 15 others cost 128 reads of 36 MB on 16 cores 3-4 CPU s more than fresh workers).
+        self.threads = threads
+        self.proc, self.conn = _interpreter(["--zygote"], threads, KEEP_FREED_PAGES)
         self.ready = False
         self.broken = False
         self.lock = threading.Lock()  # one request and its answer at a time
@@ -846,10 +851,11 @@ class Pool:
         if self.zygote is None and self.zygotes < 2 and _can_fork():
             self.zygotes += 1
             try:
-                self.zygote = _Zygote()
+                self.zygote = _Zygote(threads)
             except OSError:
                 self.zygotes = 2
-        forked = self.zygote.fork(threads) if self.zygote is not None else None
+        same = self.zygote is not None and self.zygote.threads == threads  # else started afresh, at its own size
+        forked = self.zygote.fork(threads) if same else None
         return _Worker(threads, forked)
 
     def close(self) -> None:
