@@ -330,8 +330,8 @@ def test_a_worker_whose_parent_is_killed_exits_even_while_its_socket_stays_open(
 
 
 def test_workers_are_forked_by_one_zygote_and_read_as_started_workers_do(mixed):
-    """Every worker of a pool but the first costs a fork, not a fresh interpreter's imports; what they read is what a
-    started worker reads, and the pool's close leaves no process behind."""
+    """Every worker of a pool costs a fork of the one zygote, not a fresh interpreter's imports; what they read is what
+    a started worker reads, and the pool's close leaves no process behind."""
     if not budget._can_fork():
         pytest.skip("no pidfds here: workers are started as fresh interpreters")
     sources = discover(mixed)
@@ -360,9 +360,20 @@ def test_workers_are_forked_by_one_zygote_and_read_as_started_workers_do(mixed):
 
 
 def _polars_threads(pid: int) -> int:
-    task = Path(f"/proc/{pid}/task")
-    return sum((t / "comm").read_text().startswith("polars-") and (t / "comm").read_text().strip()[7:].isdigit()
-               for t in task.iterdir())
+    """The threads of polars' pool in a process, once their count holds for half a second (a pool thread names
+    itself just after it starts)."""
+    def count() -> int:
+        names = [(t / "comm").read_text().strip() for t in Path(f"/proc/{pid}/task").iterdir()]
+        return sum(n.startswith("polars-") and n[7:].isdigit() for n in names)
+
+    seen, deadline = count(), time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = count()
+        if now == seen and now:
+            break
+        seen = now
+    return seen
 
 
 def test_forked_workers_have_the_polars_thread_pool_a_started_worker_of_their_size_has():

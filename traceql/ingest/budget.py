@@ -1,8 +1,8 @@
 """Per-source time and memory budgets: every untrusted source is read in a worker process that can be stopped.
 
 A source is read in a worker of a persistent pool (`python -m traceql.ingest.budget`, started by the first read that
-needs one and reused by every later ingest of the process; the workers after the first are forked by a zygote that
-imported what a worker imports, see "the zygote" below, or with TRACEQL_FORK_WORKERS=0 started afresh), under
+needs one and reused by every later ingest of the process; the workers are forked by a zygote that imported what a
+worker imports once, see "the zygote" below, or with TRACEQL_FORK_WORKERS=0 started afresh), under
 
 - a time budget: wall-clock seconds from handing the source to the worker until its tables are back (less any time
   this process spent reading it first, see "one large plain trace" below). Past it the worker is killed (SIGKILL: a loop inside polars or a C scanner cannot be interrupted any other way) and replaced;
@@ -429,7 +429,7 @@ def _worker(conn, threads: str | None = None, forked: bool = False) -> None:
     if not forked:
         _quiet()
     if threads is not None and "POLARS_MAX_THREADS" not in os.environ:
-        os.environ["POLARS_MAX_THREADS"] = threads  # read when polars first starts its thread pool
+        os.environ["POLARS_MAX_THREADS"] = threads  # read by polars' import, below (forked: the zygote's, same)
     from traceql.ingest import formats
     from traceql.ingest.loader import _ingest_one
 
@@ -471,11 +471,11 @@ def _worker(conn, threads: str | None = None, forked: bool = False) -> None:
 # worker for each request, which costs milliseconds. It never runs polars itself: its only other threads are
 # jemalloc's background threads (stopped by jemalloc's own fork handlers; a child allocates without them) and polars'
 # spill cleaner, idle since nothing ran, so no lock is held as it forks; each child starts polars' thread pool itself,
-# of the size the zygote's environment gave (POLARS_MAX_THREADS, read by polars' import): the zygote forks only workers
-# of its own size, others start afresh. A forked worker is its own process as before (its own address-space limit, killed by
-# the parent, gone when orphaned); the parent signals it through a pidfd (never a reused pid) and the zygote reaps it
-# when the parent asks, which gives the parent its exit status. Where the zygote cannot start, stops answering or
-# dies, workers are started as fresh interpreters again.
+# of the size the zygote's environment gave (POLARS_MAX_THREADS, read by polars' import): the zygote forks only
+# workers of its own size, others start afresh. A forked worker is its own process as before (its own address-space
+# limit, killed by the parent, gone when orphaned); the parent signals it through a pidfd (never a reused pid) and the
+# zygote reaps it when the parent asks, which gives the parent its exit status. Where the zygote cannot start, stops
+# answering or dies, workers are started as fresh interpreters again.
 
 
 def _zygote(conn) -> None:

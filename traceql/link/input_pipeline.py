@@ -30,14 +30,15 @@ from traceql.model import Run
 
 LOADER_NEXT = r"^enumerate\(DataLoader\)#\w+\.__next__$"
 _LOADER_PREFIX = "enumerate(DataLoader)#"  # what every LOADER_NEXT match starts with
+PIN_OPS = ("aten::pin_memory", "aten::_pin_memory")
+_KEY = ["rank", "source"]
 
 
 def loader_rows(h: pl.DataFrame) -> pl.DataFrame:
     """The host ops that are DataLoader fetches (LOADER_NEXT): the regex only on the ops that start with its literal
-    prefix, a few if any (at 32 ranks x 36 MB, 1.9M host ops on the loaded 2-vCPU box: 0.106-0.110 s for the regex over every name, 0.073-0.074 with the prefix first)."""
+    prefix, a few if any (32 ranks x 36 MB, 1.9M host ops, loaded 2-vCPU box: 0.106-0.110 s for the regex over every
+    name, 0.073-0.074 with the prefix first)."""
     return h.filter(pl.col("name").str.starts_with(_LOADER_PREFIX)).filter(pl.col("name").str.contains(LOADER_NEXT))
-PIN_OPS = ("aten::pin_memory", "aten::_pin_memory")
-_KEY = ["rank", "source"]
 
 SCHEMA = {"rank": pl.Int32, "source": pl.Int32, "step": pl.Int64, "step_ms": pl.Float64, "loader_ms": pl.Float64,
           "loader_calls": pl.Int64, "stall_ms": pl.Float64, "stall_pct": pl.Float64,
