@@ -900,6 +900,74 @@ static int after_member(Cur *c) {
 
 #define KEY(lit_) (n == (Py_ssize_t)(sizeof(lit_) - 1) && memcmp(k, lit_, sizeof(lit_) - 1) == 0)
 
+/* The keys of ours, at the top of an event and in its args. */
+enum {
+    K_OTHER, K_PH, K_TS, K_ID, K_CAT, K_PID, K_TID, K_DUR, K_NAME, K_ARGS, /* top level */
+    K_BYTES, K_EVENT, K_DEVICE, K_STREAM, K_CORRELATION, K_EXTERNAL_ID, K_EXTERNAL_ID2, K_SYNC_KIND, K_WAIT_EVENT,
+};
+
+/* A key at c->p written as profilers write it (`"key": ` and the value right after) that is one of ours: its K_ id,
+ * with c->p moved to the value, as read_key leaves it; -1 (c->p unmoved) for any other key or any other spelling,
+ * which read_key then reads. One compare of the key's bytes with its quote, colon and space, instead of finding the
+ * string's end, then the colon, then comparing the key. */
+static inline __attribute__((always_inline)) int fast_key(Cur *c, int args) {
+    const unsigned char *q = c->p + 1;
+    Py_ssize_t avail = c->end - q;
+#define AT(lit_, id_) \
+    if (avail >= (Py_ssize_t)sizeof(lit_) && memcmp(q, lit_, sizeof(lit_) - 1) == 0) { \
+        n = sizeof(lit_) - 1; id = id_; break; }
+    int id = -1;
+    Py_ssize_t n = 0;
+    if (c->p >= c->end || *c->p != '"') return -1;
+    if (!args) {
+        switch (*q) {
+        case 'p': AT("ph\": ", K_PH) AT("pid\": ", K_PID) break;
+        case 't': AT("ts\": ", K_TS) AT("tid\": ", K_TID) break;
+        case 'i': AT("id\": ", K_ID) break;
+        case 'c': AT("cat\": ", K_CAT) break;
+        case 'd': AT("dur\": ", K_DUR) break;
+        case 'n': AT("name\": ", K_NAME) break;
+        case 'a': AT("args\": ", K_ARGS) break;
+        }
+    } else {
+        switch (*q) {
+        case 'E': AT("External id\": ", K_EXTERNAL_ID) break;
+        case 'c': AT("correlation\": ", K_CORRELATION) AT("cuda_sync_kind\": ", K_SYNC_KIND) break;
+        case 'd': AT("device\": ", K_DEVICE) break;
+        case 's': AT("stream\": ", K_STREAM) break;
+        case 'b': AT("bytes\": ", K_BYTES) break;
+        case 'e': AT("event\": ", K_EVENT) AT("external id\": ", K_EXTERNAL_ID2) break;
+        case 'w': AT("wait_on_cuda_event_id\": ", K_WAIT_EVENT) break;
+        }
+    }
+#undef AT
+    if (id < 0 || q[n] <= ' ') return -1;
+    c->p = q + n;
+    return id;
+}
+
+/* The K_ id of a key read by read_key (K_OTHER: not one of ours). */
+static int key_id(const unsigned char *k, Py_ssize_t n, int args) {
+    if (!args) {
+        switch (n) { /* by length, then bytes */
+        case 2: return KEY("ph") ? K_PH : KEY("ts") ? K_TS : KEY("id") ? K_ID : K_OTHER;
+        case 3: return KEY("cat") ? K_CAT : KEY("pid") ? K_PID : KEY("tid") ? K_TID : KEY("dur") ? K_DUR : K_OTHER;
+        case 4: return KEY("name") ? K_NAME : KEY("args") ? K_ARGS : K_OTHER;
+        }
+        return K_OTHER;
+    }
+    switch (n) {
+    case 5: return KEY("bytes") ? K_BYTES : KEY("event") ? K_EVENT : K_OTHER;
+    case 6: return KEY("device") ? K_DEVICE : KEY("stream") ? K_STREAM : K_OTHER;
+    case 11:
+        return KEY("correlation") ? K_CORRELATION : KEY("External id") ? K_EXTERNAL_ID
+               : KEY("external id") ? K_EXTERNAL_ID2 : K_OTHER;
+    case 14: return KEY("cuda_sync_kind") ? K_SYNC_KIND : K_OTHER;
+    case 21: return KEY("wait_on_cuda_event_id") ? K_WAIT_EVENT : K_OTHER;
+    }
+    return K_OTHER;
+}
+
 static int is_coll_key(const unsigned char *k, Py_ssize_t n) {
     return KEY("Collective name") || KEY("Process Group Name") || KEY("Process Group Description") ||
            KEY("Process Group Ranks") || KEY("Group size") || KEY("In msg nelems") || KEY("Out msg nelems") ||
@@ -918,32 +986,25 @@ static int parse_args(Feed *f, int *ext2_set, int64_t *ext2, int *ev2_set, int64
         return 0;
     }
     for (;;) {
-        const unsigned char *k;
-        Py_ssize_t n;
-        if (read_key(c, &k, &n) < 0) return -1;
-        int r = 1; /* 1: not a field of ours */
-        switch (n) {
-        case 5:
-            if (KEY("bytes")) r = field_int(f, F_BYTES);
-            else if (KEY("event")) r = read_int(c, ev2_set, ev2); /* second choices, applied at the end */
-            break;
-        case 6:
-            if (KEY("device")) r = field_int(f, F_DEVICE);
-            else if (KEY("stream")) r = field_int(f, F_STREAM);
-            break;
-        case 11:
-            if (KEY("correlation")) r = field_int(f, F_CORRELATION);
-            else if (KEY("External id")) r = field_int(f, F_EXTERNAL_ID);
-            else if (KEY("external id")) r = read_int(c, ext2_set, ext2);
-            break;
-        case 14:
-            if (KEY("cuda_sync_kind")) r = field_str(f, F_SYNC_KIND);
-            break;
-        case 21:
-            if (KEY("wait_on_cuda_event_id")) r = field_int(f, F_EVENT);
-            break;
+        const unsigned char *k = NULL;
+        Py_ssize_t n = 0;
+        int id = fast_key(c, 1);
+        if (id < 0) {
+            if (read_key(c, &k, &n) < 0) return -1;
+            id = key_id(k, n, 1);
         }
-        if (r == 1) {
+        int r;
+        switch (id) {
+        case K_BYTES: r = field_int(f, F_BYTES); break;
+        case K_EVENT: r = read_int(c, ev2_set, ev2); break; /* second choices, applied at the end */
+        case K_DEVICE: r = field_int(f, F_DEVICE); break;
+        case K_STREAM: r = field_int(f, F_STREAM); break;
+        case K_CORRELATION: r = field_int(f, F_CORRELATION); break;
+        case K_EXTERNAL_ID: r = field_int(f, F_EXTERNAL_ID); break;
+        case K_EXTERNAL_ID2: r = read_int(c, ext2_set, ext2); break;
+        case K_SYNC_KIND: r = field_str(f, F_SYNC_KIND); break;
+        case K_WAIT_EVENT: r = field_int(f, F_EVENT); break;
+        default: /* not a field of ours: k is set (fast_key only takes ours) */
             if (!coll && is_coll_key(k, n)) coll = 1;
             else if (!shapes && KEY("Input Dims")) shapes = 1;
             r = skip_value(c, 1);
@@ -1081,43 +1142,41 @@ static int parse_event(Feed *f) {
         c->p++;
     } else {
         for (;;) {
-            const unsigned char *k;
-            Py_ssize_t n;
-            if (read_key(c, &k, &n) < 0) return -1;
-            int r = 1; /* 1: not a field of ours */
-            switch (n) { /* by length, then bytes: most keys are one of these */
-            case 2:
-                if (k[0] == 'p' && k[1] == 'h') r = field_str(f, F_PH);
-                else if (k[0] == 't' && k[1] == 's') r = field_time(f, F_TS);
-                else if (k[0] == 'i' && k[1] == 'd') r = field_int(f, F_FLOW_ID);
-                break;
-            case 3:
-                if (!memcmp(k, "cat", 3)) r = field_str(f, F_CAT);
-                else if (!memcmp(k, "pid", 3)) r = field_id(f, F_PID, F_PID_S);
-                else if (!memcmp(k, "tid", 3)) r = field_id(f, F_TID, F_TID_S);
-                else if (!memcmp(k, "dur", 3)) r = field_time(f, F_DUR);
-                break;
-            case 4:
-                if (!memcmp(k, "name", 4)) r = field_str(f, F_NAME);
-                else if (!memcmp(k, "args", 4)) {
-                    if (seen_args) { /* a repeated args key replaces the first one whole */
-                        f->has &= ~ARGS_FIELDS;
-                        f->args_lo = f->args_hi = f->shapes_lo = f->shapes_hi = NULL;
-                        ext2_set = ev2_set = 0;
-                    }
-                    seen_args = 1;
-                    if (is_null(c)) {
-                        c->p += 4;
-                        r = 0;
-                    } else if (c->p < c->end && *c->p == '{') {
-                        r = parse_args(f, &ext2_set, &ext2, &ev2_set, &ev2);
-                    } else {
-                        r = -1;
-                    }
+            int id = fast_key(c, 0);
+            if (id < 0) {
+                const unsigned char *k;
+                Py_ssize_t n;
+                if (read_key(c, &k, &n) < 0) return -1;
+                id = key_id(k, n, 0);
+            }
+            int r;
+            switch (id) {
+            case K_PH: r = field_str(f, F_PH); break;
+            case K_TS: r = field_time(f, F_TS); break;
+            case K_ID: r = field_int(f, F_FLOW_ID); break;
+            case K_CAT: r = field_str(f, F_CAT); break;
+            case K_PID: r = field_id(f, F_PID, F_PID_S); break;
+            case K_TID: r = field_id(f, F_TID, F_TID_S); break;
+            case K_DUR: r = field_time(f, F_DUR); break;
+            case K_NAME: r = field_str(f, F_NAME); break;
+            case K_ARGS:
+                if (seen_args) { /* a repeated args key replaces the first one whole */
+                    f->has &= ~ARGS_FIELDS;
+                    f->args_lo = f->args_hi = f->shapes_lo = f->shapes_hi = NULL;
+                    ext2_set = ev2_set = 0;
+                }
+                seen_args = 1;
+                if (is_null(c)) {
+                    c->p += 4;
+                    r = 0;
+                } else if (c->p < c->end && *c->p == '{') {
+                    r = parse_args(f, &ext2_set, &ext2, &ev2_set, &ev2);
+                } else {
+                    r = -1;
                 }
                 break;
+            default: r = skip_value(c, 1);
             }
-            if (r == 1) r = skip_value(c, 1);
             if (r < 0 || (r = after_member(c)) < 0) return -1;
             if (r == 1) break;
         }
