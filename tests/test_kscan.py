@@ -243,9 +243,25 @@ def test_odd_values_are_declined_not_misread():
                 '{"ph": "X", "args": {"device": "0"}}', '{"ph": "X", "args": {"stream": true}}',
                 '{"ph": "X", "id": "0x1f"}', '{"ph": "X", "pid": "007"}', '{"ph": "X", "ts": 99999999999999999999}',
                 '{"p\\u0068": "X"}', '{"ph": "X", "name": "\\ud800"}', '{"ph": "X", "args": []}',
-                '{"ph": "X", "name": "a\x01b"}', '[1]', '{"ph": "X"} x']:
+                '{"ph": "X", "name": "a\x01b"}', '[1]', '{"ph": "X"} x', '{"ph": "X", "ts": 01, "dur": 1}',
+                '{"ph": "X", "args": {"device": 00, "stream": 1}}']:
         buf = bytearray(("[" + odd + "]").encode())
         assert _scan(buf) is None, odd
+
+
+def test_integers_of_every_length_read_as_msgspec_reads_them():
+    """Integers of 1 to 20 digits (the scanner reads those of up to 16 by whole words), signed, as fractions and
+    with exponents, in the top-level and the args fields, and as the last bytes of the slice: msgspec's values."""
+    vals = [0, 7, 10**7 - 1, 10**7, 10**8 - 1, 10**8, 10**15, 10**16 - 1, 10**16, 9223372036854774, 9223372036854775,
+            10**17, 2**63 - 1, -5, -(10**16)]
+    events = [{"ph": "X", "ts": v, "dur": v, "pid": v, "tid": v, "id": v, "args": {"External id": v, "device": v}}
+              for v in vals]
+    for raw in (json.dumps(events).encode(), json.dumps(events, indent=1).encode(),
+                b'[{"ph": "X", "ts": 1.5e3, "dur": 12E1, "args": {"stream": 1234567890123456, "correlation": 0}}]',
+                b'[{"ph": "X", "dur": 1, "ts": 1669783687471392}]', b'[{"ph": "X", "ts": 12345678}]'):
+        scanned, general, took = _both(raw)
+        assert took, raw
+        _agree(scanned, general)
 
 
 def test_values_the_scanner_reads_itself():

@@ -791,7 +791,39 @@ static int field_str(Feed *f, int field) {
 }
 
 /* An integer or null at c->p: *present says which. Floats, strings, bools... bail. */
+/* A non-negative integer of 1..16 digits at c->p, as profilers write ids, sizes and timestamps: its value, with c->p
+ * past it; -1 (c->p unmoved) for anything else (a sign, a leading zero, a fraction or exponent, more digits, the
+ * last 17 bytes of the buffer), which lex_number then reads. Two loads of eight bytes at most. */
+static inline __attribute__((always_inline)) int64_t short_uint(Cur *c) {
+    const unsigned char *p = c->p;
+    if (c->end - p < 17) return -1;
+    uint64_t x = load64(p);
+    int k = digit_run8(x);
+    if (k == 0 || (*p == '0' && k > 1)) return -1;
+    uint64_t v;
+    if (k < 8) {
+        v = first_digits(x, k);
+    } else {
+        uint64_t y = load64(p + 8);
+        int k2 = digit_run8(y);
+        v = eight_digits(x);
+        if (k2 == 8) {
+            if (p[16] >= '0' && p[16] <= '9') return -1;
+            v = v * 100000000ULL + eight_digits(y);
+        } else if (k2) {
+            v = v * POW10_INT[k2] + first_digits(y, k2);
+        }
+        k += k2;
+    }
+    unsigned char after = p[k];
+    if (after == '.' || after == 'e' || after == 'E') return -1;
+    c->p = p + k;
+    return (int64_t)v;
+}
+
 static int read_int(Cur *c, int *present, int64_t *v) {
+    int64_t u = short_uint(c);
+    if (u >= 0) { *present = 1; *v = u; return 0; }
     if (is_null(c)) { c->p += 4; *present = 0; return 0; }
     if (c->p < c->end && (*c->p == '-' || (*c->p >= '0' && *c->p <= '9'))) {
         Num num;
@@ -816,6 +848,12 @@ static int field_int(Feed *f, int field) {
 /* A time field (microseconds) -> nanoseconds. */
 static int field_time(Feed *f, int field) {
     Cur *c = &f->c;
+    int64_t u = short_uint(c);
+    if (u >= 0) { /* an integer: us_to_ns's */
+        if (u < 9223372036854775LL) set_f(f, field, u * 1000);
+        else clear_f(f, field);
+        return 0;
+    }
     if (is_null(c)) { c->p += 4; clear_f(f, field); return 0; }
     if (c->p < c->end && (*c->p == '-' || (*c->p >= '0' && *c->p <= '9'))) {
         Num v;
@@ -904,6 +942,7 @@ static int after_member(Cur *c) {
 enum {
     K_OTHER, K_PH, K_TS, K_ID, K_CAT, K_PID, K_TID, K_DUR, K_NAME, K_ARGS, /* top level */
     K_BYTES, K_EVENT, K_DEVICE, K_STREAM, K_CORRELATION, K_EXTERNAL_ID, K_EXTERNAL_ID2, K_SYNC_KIND, K_WAIT_EVENT,
+    K_COLL, K_SHAPES, /* args keys that are not fields: a collective key, "Input Dims" */
 };
 
 /* A key at c->p written as profilers write it (`"key": ` and the value right after) that is one of ours: its K_ id,
@@ -956,22 +995,24 @@ static int key_id(const unsigned char *k, Py_ssize_t n, int args) {
         }
         return K_OTHER;
     }
-    switch (n) {
-    case 5: return KEY("bytes") ? K_BYTES : KEY("event") ? K_EVENT : K_OTHER;
+    switch (n) { /* the fields; the collective keys ("Collective name", "Process Group Name", ...); "Input Dims" */
+    case 3: return KEY("Seq") || KEY("seq") ? K_COLL : K_OTHER;
+    case 5: return KEY("bytes") ? K_BYTES : KEY("event") ? K_EVENT : KEY("dtype") ? K_COLL : K_OTHER;
     case 6: return KEY("device") ? K_DEVICE : KEY("stream") ? K_STREAM : K_OTHER;
+    case 7: return KEY("seq_num") || KEY("Seq num") ? K_COLL : K_OTHER;
+    case 10: return KEY("Group size") ? K_COLL : KEY("Input Dims") ? K_SHAPES : K_OTHER;
     case 11:
         return KEY("correlation") ? K_CORRELATION : KEY("External id") ? K_EXTERNAL_ID
                : KEY("external id") ? K_EXTERNAL_ID2 : K_OTHER;
-    case 14: return KEY("cuda_sync_kind") ? K_SYNC_KIND : K_OTHER;
+    case 13: return KEY("In msg nelems") ? K_COLL : K_OTHER;
+    case 14: return KEY("cuda_sync_kind") ? K_SYNC_KIND : KEY("Out msg nelems") ? K_COLL : K_OTHER;
+    case 15: return KEY("Collective name") || KEY("sequence_number") ? K_COLL : K_OTHER;
+    case 18: return KEY("Process Group Name") ? K_COLL : K_OTHER;
+    case 19: return KEY("Process Group Ranks") ? K_COLL : K_OTHER;
     case 21: return KEY("wait_on_cuda_event_id") ? K_WAIT_EVENT : K_OTHER;
+    case 25: return KEY("Process Group Description") ? K_COLL : K_OTHER;
     }
     return K_OTHER;
-}
-
-static int is_coll_key(const unsigned char *k, Py_ssize_t n) {
-    return KEY("Collective name") || KEY("Process Group Name") || KEY("Process Group Description") ||
-           KEY("Process Group Ranks") || KEY("Group size") || KEY("In msg nelems") || KEY("Out msg nelems") ||
-           KEY("dtype") || KEY("Seq") || KEY("seq") || KEY("seq_num") || KEY("Seq num") || KEY("sequence_number");
 }
 
 /* The args object at c->p. ext2 / ev2 hold the second choices until the event is done. */
@@ -1004,10 +1045,10 @@ static int parse_args(Feed *f, int *ext2_set, int64_t *ext2, int *ev2_set, int64
         case K_EXTERNAL_ID2: r = read_int(c, ext2_set, ext2); break;
         case K_SYNC_KIND: r = field_str(f, F_SYNC_KIND); break;
         case K_WAIT_EVENT: r = field_int(f, F_EVENT); break;
-        default: /* not a field of ours: k is set (fast_key only takes ours) */
-            if (!coll && is_coll_key(k, n)) coll = 1;
-            else if (!shapes && KEY("Input Dims")) shapes = 1;
-            r = skip_value(c, 1);
+        case K_COLL: coll = 1; r = skip_value(c, 1); break;
+        case K_SHAPES: shapes = 1; r = skip_value(c, 1); break;
+        default: /* not a key of ours; most such values are numbers */
+            r = c->p < c->end && ((*c->p >= '0' && *c->p <= '9') || *c->p == '-') ? skip_number(c) : skip_value(c, 1);
         }
         if (r < 0 || (r = after_member(c)) < 0) return -1;
         if (r == 1) break;
