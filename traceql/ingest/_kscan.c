@@ -821,9 +821,17 @@ static inline __attribute__((always_inline)) int64_t short_uint(Cur *c) {
     return (int64_t)v;
 }
 
-static int read_int(Cur *c, int *present, int64_t *v) {
+static __attribute__((noinline)) int read_int_slow(Cur *c, int *present, int64_t *v);
+
+/* An integer or null at c->p: *present says which. Floats, strings, bools... bail. The common integers inline, the
+ * rest out of line (lex_number's registers would otherwise be saved and restored on every call). */
+static inline __attribute__((always_inline)) int read_int(Cur *c, int *present, int64_t *v) {
     int64_t u = short_uint(c);
     if (u >= 0) { *present = 1; *v = u; return 0; }
+    return read_int_slow(c, present, v);
+}
+
+static int read_int_slow(Cur *c, int *present, int64_t *v) {
     if (is_null(c)) { c->p += 4; *present = 0; return 0; }
     if (c->p < c->end && (*c->p == '-' || (*c->p >= '0' && *c->p <= '9'))) {
         Num num;
@@ -836,7 +844,7 @@ static int read_int(Cur *c, int *present, int64_t *v) {
 }
 
 /* An integer field; null -> null. */
-static int field_int(Feed *f, int field) {
+static inline __attribute__((always_inline)) int field_int(Feed *f, int field) {
     int present;
     int64_t v;
     if (read_int(&f->c, &present, &v) < 0) return -1;
@@ -846,14 +854,18 @@ static int field_int(Feed *f, int field) {
 }
 
 /* A time field (microseconds) -> nanoseconds. */
-static int field_time(Feed *f, int field) {
+static __attribute__((noinline)) int field_time_slow(Feed *f, int field);
+
+static inline __attribute__((always_inline)) int field_time(Feed *f, int field) {
+    int64_t u = short_uint(&f->c);
+    if (u < 0) return field_time_slow(f, field);
+    if (u < 9223372036854775LL) set_f(f, field, u * 1000); /* an integer: us_to_ns's */
+    else clear_f(f, field);
+    return 0;
+}
+
+static int field_time_slow(Feed *f, int field) {
     Cur *c = &f->c;
-    int64_t u = short_uint(c);
-    if (u >= 0) { /* an integer: us_to_ns's */
-        if (u < 9223372036854775LL) set_f(f, field, u * 1000);
-        else clear_f(f, field);
-        return 0;
-    }
     if (is_null(c)) { c->p += 4; clear_f(f, field); return 0; }
     if (c->p < c->end && (*c->p == '-' || (*c->p >= '0' && *c->p <= '9'))) {
         Num v;
@@ -925,7 +937,7 @@ static inline __attribute__((always_inline)) int read_key(Cur *c, const unsigned
 /* After a member's value: 0 when a comma follows (another member), 1 at the closing brace, -1 otherwise. */
 static int after_member(Cur *c) {
     const unsigned char *p = c->p;
-    if (c->end - p >= 3 && p[0] == ',' && p[1] == ' ' && p[2] == '"') { /* `, "` before the next key */
+    if (c->end - p >= 3 && memcmp(p, ", \"", 3) == 0) { /* `, "` before the next key */
         c->p = p + 2;
         return 0;
     }
