@@ -106,10 +106,9 @@ def _started_last(pts: pl.LazyFrame, t: pl.DataFrame, key: list[str], tids: bool
     """The as-of join of the points to t's ops by thread (each point on its own thread with tids, else on every thread
     of its rank and source): _gid, key, tid, _mid and the id and row (_r) of the op that started last at or before
     _mid, on one packed integer (thread, start) searched per point. polars' as-of join sorts every op by start and
-    hashes its thread, which at 32 ranks x 36 MB cost 0.85 s for 128 gaps; here the ops are ordered by a stable sort
-    on one integer thread key (a thread's ops are in start order in the table: checked, else sorted by start too),
-    and among ops starting together on a thread the last in table order is taken. None where the keys have nulls
-    or do not fit one integer: the join then."""
+    hashes its thread, which at 32 ranks x 36 MB cost 0.85 s for 128 gaps; here the ops are ordered by one stable
+    sort of that integer (the ops of a thread that start together stay in table order, and the last is taken). None
+    where the keys have nulls or do not fit one integer: the join then."""
     by = [*key, "tid"]
     p = pts.select("_gid", *key, *(["tid"] if tids else []), "_mid").collect(engine=POLARS_ENGINE)
     if not PACKED or t.height == 0 or p.height == 0 or any(t[c].null_count() for c in (*by, "ts")) or \
@@ -118,27 +117,27 @@ def _started_last(pts: pl.LazyFrame, t: pl.DataFrame, key: list[str], tids: bool
     thread = packed_key([t, p] if tids else [t], by, from_min=True)
     if thread is None:
         return None
-    ops = t.select(*by, thread, "ts", "_r").sort("_key", maintain_order=True)
-    new = ops["_key"].diff().fill_null(1) != 0
-    if not ((ops["ts"].diff().fill_null(0) >= 0) | new).all():  # a thread's ops out of start order
-        ops = ops.sort(["_key", "ts"], maintain_order=True)
-    lo, hi = ops["ts"].min(), ops["ts"].max()
+    lo, hi = t["ts"].min(), t["ts"].max()
     width = max(1, (hi - lo).bit_length())
-    threads = ops.filter(new).select(*by, "_key").with_row_index("_th")
-    if width + max(1, threads.height.bit_length()) > 62:
+    th = t.select(thread)["_key"]
+    if width + max(1, th.max().bit_length()) > 62:
         return None
-    # one non-decreasing integer: the thread's place among the threads, then the start from the earliest
-    at = (new.cum_sum().cast(pl.Int64) - 1) * (1 << width) + (ops["ts"] - lo)
+    # t's rows are its _r: the sort's order is the rows of the ops in (thread, start) order
+    packed = th * (1 << width) + (t["ts"] - lo)
+    order = pl.DataFrame([packed]).select(pl.arg_sort_by("_key", maintain_order=True))["_key"]
+    at = packed.gather(order)
     if tids:
-        p = p.with_columns(thread).join(threads.select("_key", "_th"), on="_key", how="inner")
-    else:
-        p = p.join(threads.select(*key, "tid", "_th"), on=key, how="inner")
+        p = p.with_columns(thread)
+    else:  # every thread of the point's rank and source
+        first = (at // (1 << width)).diff().fill_null(1) != 0
+        threads = t.select(*by).gather(order.filter(first)).with_columns(_key=at.filter(first) // (1 << width))
+        p = p.join(threads, on=key, how="inner")
     p = p.filter(pl.col("_mid") >= lo)
-    probe = pl.col("_th").cast(pl.Int64) * (1 << width) + (pl.min_horizontal("_mid", pl.lit(hi)) - lo)
+    probe = pl.col("_key") * (1 << width) + (pl.min_horizontal("_mid", pl.lit(hi)) - lo)
     pos = at.search_sorted(p.select(probe).to_series(), side="right").cast(pl.Int64) - 1
-    # the op found is on the point's thread where its thread's place is the point's (else the thread has none before)
-    rows = ops["_r"].gather(pos.clip(0))
-    found = (pos >= 0) & (at.gather(pos.clip(0)) // (1 << width) == p["_th"].cast(pl.Int64))
+    # the op found is on the point's thread where its packed thread is the point's (else the thread has none before)
+    rows = order.gather(pos.clip(0))
+    found = (pos >= 0) & (at.gather(pos.clip(0)) // (1 << width) == p["_key"])
     p = p.with_columns(_r=rows).filter(found)
     return p.select("_gid", *key, "tid", "_mid", t["id"].gather(p["_r"]).alias("id"), "_r")
 
