@@ -112,24 +112,51 @@ GAP_SCHEMA = {"rank": pl.Int32, "source": pl.Int32, "device": pl.Int32, "step": 
               "host_op": pl.Utf8, "input_wait_ms": pl.Float64}
 
 
+_PACK_DEVICES = True  # tests turn it off to compare the packed running end with the windows per device
+
+
 def _raw_gaps(run: Run) -> pl.DataFrame:
     """Gaps between busy stretches of each (rank, source, device), charged to the step of the operation after them."""
     k = run.table("kernels").lazy().select("rank", "source", "device", "step", "ts", "end", "name").filter(
         pl.col("ts").is_not_null() & pl.col("end").is_not_null() & pl.col("rank").is_not_null()).collect(engine=POLARS_ENGINE)
     if k.height == 0:
         return pl.DataFrame(schema={c: t for c, t in GAP_SCHEMA.items() if c not in ("host_op", "input_wait_ms")})
+    ends, rows = (k["end"].min(), k["end"].max()), k.height
     # the rest as one lazy query on the in-memory engine (it was a dozen eager ones)
     k = k.lazy().with_columns(pl.col("rank").cast(pl.Int32), pl.col("source").cast(pl.Int32), pl.col("device").fill_null(-1).cast(pl.Int32))
     key = ["rank", "source", "device"]
     k = k.sort([*key, "ts"], maintain_order=True).with_columns(pl.struct(key).rle_id().alias("_g"))
-    k = k.with_columns(pl.col("end").cum_max().over("_g").alias("_cm"))
     # the operation that reached the running end last: the one whose end the gap starts from (its row: its name is
-    # fetched for the gaps only, not filled forward as a string column over every kernel)
-    k = k.with_row_index("_ri").with_columns(
-        pl.col("_cm").shift(1).over("_g").alias("_busy_until"),
-        pl.when(pl.col("end") == pl.col("_cm")).then(pl.col("_ri")).forward_fill().over("_g").shift(1).over("_g").alias("_prev_row"),
-        pl.when(pl.col("end") == pl.col("_cm")).then(pl.col("step")).forward_fill().over("_g").shift(1).over("_g").alias("_prev_step"),
-    ).collect(engine=POLARS_ENGINE)
+    # fetched for the gaps only, not filled forward as a string column over every kernel), and its step
+    lo, width = ends[0], max(1, (ends[1] - ends[0]).bit_length())
+    if not _PACK_DEVICES or rows.bit_length() + width > 62:  # the device's number and end do not fit one integer
+        k = k.with_columns(pl.col("end").cum_max().over("_g").alias("_cm"))
+        k = k.with_row_index("_ri").with_columns(
+            pl.col("_cm").shift(1).over("_g").alias("_busy_until"),
+            pl.when(pl.col("end") == pl.col("_cm")).then(pl.col("_ri")).forward_fill().over("_g").shift(1).over("_g").alias("_prev_row"),
+            pl.when(pl.col("end") == pl.col("_cm")).then(pl.col("step")).forward_fill().over("_g").shift(1).over("_g").alias("_prev_step"),
+        ).collect(engine=POLARS_ENGINE)
+    else:
+        # the same without windows over the devices: the running end as one cum_max of the device's number above the
+        # end's offset from the earliest end (a later device's values exceed every earlier one's); a device's first
+        # row reaches its running end, so a fill forward of the rows that reach it never crosses devices; the step of
+        # the last such row with a step (-1 on a device's first row stops that fill there); each shifted to the next
+        # row of the device (null on its first)
+        first = (pl.col("_g") != pl.col("_g").shift(1)).fill_null(True)
+
+        def after(e: pl.Expr) -> pl.Expr:
+            return pl.when(~first).then(e.shift(1))
+
+        dev = pl.col("_g").cast(pl.Int64) * (1 << width)
+        k = k.with_columns(((dev + (pl.col("end") - lo)).cum_max() - dev + lo).alias("_cm"))
+        reach = pl.col("end") == pl.col("_cm")
+        k = k.with_row_index("_ri").with_columns(
+            after(pl.col("_cm")).alias("_busy_until"),
+            after(pl.when(reach).then(pl.col("_ri")).forward_fill()).alias("_prev_row"),
+            pl.when(reach & pl.col("step").is_not_null()).then(pl.col("_ri").cast(pl.Int64)).when(first).then(-1)
+            .forward_fill().alias("_si"),
+        ).with_columns(after(pl.when(pl.col("_si") >= 0).then(pl.col("step").gather(pl.col("_si").clip(0))))
+                       .alias("_prev_step")).drop("_si").collect(engine=POLARS_ENGINE)
     g = k.lazy().filter(pl.col("step").is_not_null() & (pl.col("ts") > pl.col("_busy_until")))
     # A lead gap starts no earlier than the previous step's host range (for the first step: its own): idle time before
     # profiling or between start-up and the loop is nobody's step.
