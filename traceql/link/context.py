@@ -206,8 +206,11 @@ def _walk_joined(picks, full, t, j, key, depth, levels):
 def _by_id(t: pl.DataFrame, key: list[str]):
     """(rank, source, id) -> row of t by a binary search over one packed Int64 key (link/_keys.py): each parent
     level then costs a search per point still walking, not a pass over every op of the table (up to 32 levels x
-    940k ops at 128 ranks). None where the key cannot be packed, a key column has nulls, or ids repeat."""
-    cols = [*key, "id"]
+    940k ops at 128 ranks). None where the key cannot be packed, a key column has nulls, or ids repeat.
+    The source in the key's high bits, then the rank: a table holds its sources one after another, each in id order,
+    so the index is sorted as it comes (ranks in the high bits are out of order where rank 10 is read before rank 2:
+    a sort of every op, 16 ranks x 36 MB 0.031 s against 0.014 sorted)."""
+    cols = [*key[::-1], "id"]
     packed = packed_key([t], cols)
     if packed is None or any(t[c].null_count() for c in cols):
         return None
