@@ -258,7 +258,10 @@ def test_integers_of_every_length_read_as_msgspec_reads_them():
               for v in vals]
     for raw in (json.dumps(events).encode(), json.dumps(events, indent=1).encode(),
                 b'[{"ph": "X", "ts": 1.5e3, "dur": 12E1, "args": {"stream": 1234567890123456, "correlation": 0}}]',
-                b'[{"ph": "X", "dur": 1, "ts": 1669783687471392}]', b'[{"ph": "X", "ts": 12345678}]'):
+                b'[{"ph": "X", "dur": 1, "ts": 1669783687471392}]', b'[{"ph": "X", "ts": 12345678}]',
+                # ints beyond 2**53 beside floats in the same column: each int exactly, not as the float column holds it
+                b'[{"ph": "X", "ts": 9007199254740993, "dur": 0.5}, {"ph": "X", "ts": 1.5, "dur": 9210000000000001}]',
+                b'[{"ph": "X", "ts": -9007199254740993}, {"ph": "X", "ts": 2.25}, {"ph": "X", "ts": 9300000000000000}]'):
         scanned, general, took = _both(raw)
         assert took, raw
         _agree(scanned, general)
