@@ -281,6 +281,9 @@ _SYNC_KIND = [
 # Column helpers
 
 
+_US_LIMIT = 9_223_372_036_854_775  # integer microseconds whose nanoseconds fit int64 (the scanner's us_to_ns: the same)
+
+
 def _ns(values: list) -> pl.Series:
     """Float (or int) microseconds -> int64 nanoseconds, once, in Rust. Non-numbers and out-of-range values -> null.
 
@@ -298,15 +301,15 @@ def _ns(values: list) -> pl.Series:
         return pl.Series(values=[None] * len(values), dtype=pl.Int64)
     if s.dtype.is_integer():
         s = s.cast(pl.Int64, strict=False)  # Int128 (beyond int64) -> null
-        return s.set(~(s.abs() < 9_223_372_036_854_775).fill_null(True), None) * 1000
+        return s.set(~(s.abs() < _US_LIMIT).fill_null(True), None) * 1000
     s = s.cast(pl.Float64, strict=False)
     wide = bool((s.abs() >= 9_007_199_254_740_992.0).any())  # 2**53: a float column may have rounded an int
     s = s.set(~(s.abs() < 9.2e15).fill_null(True), None)  # beyond int64 ns, or NaN
     whole = s.floor()
     out = whole.cast(pl.Int64) * 1000 + ((s - whole) * 1000).round().cast(pl.Int64)
     if wide:  # the ints among floats, each exactly, as the scanner reads them (rare: epoch-scale ns beyond 2**53)
-        exact = pl.Series([v * 1000 if type(v) is int and -9_223_372_036_854_775 < v < 9_223_372_036_854_775 else None
-                           for v in values], dtype=pl.Int64)
+        exact = pl.Series([v * 1000 if type(v) is int and -_US_LIMIT < v < _US_LIMIT else None for v in values],
+                          dtype=pl.Int64)
         out = exact.fill_null(out)
     return out
 
