@@ -41,7 +41,7 @@ NCCL_DIRS = [  # the corpus folders with NCCL kernels (benchmarks/hta_reference.
     "hta/tests/data/trace_diff/test",
     "hta/tests/data/trace_filter",
 ]
-TRACEQL = [sys.executable, "-c", "import sys; from traceql.cli import main; sys.exit(main())"]
+TRACEQL = [sys.executable, "-c", "import sys; from traceql.__main__ import run; sys.exit(run())"]  # the console script
 HTA_JOB = ("import logging, sys; logging.disable(logging.WARNING); from hta.trace_analysis import TraceAnalysis; "
            "a = TraceAnalysis(trace_dir=sys.argv[1]); a.get_comm_comp_overlap()")
 FLOOR_JOB = ("import sys, polars\nfrom pathlib import Path\n"

@@ -69,9 +69,59 @@ def test_help_and_version_import_nothing_heavy(tmp_path, args):
     assert _loaded(mods, HEAVY) == []
 
 
-def test_version_loads_no_command_module(tmp_path):
-    mods = _modules(tmp_path, "--version")
+@pytest.mark.parametrize("args", [["--version"], ["--help"], []])
+def test_version_and_help_load_no_command_module(tmp_path, args):
+    mods = _modules(tmp_path, *args)
+    assert "traceql.cli" in mods
     assert sorted(m for m in mods if m.startswith("traceql.cli.") and m != "traceql.cli._common") == []
+
+
+def test_the_console_scripts_version_imports_not_even_click(tmp_path):
+    """`traceql --version` as the console script runs it (traceql.__main__.run) says what click's version option
+    says, without importing click; beside other arguments click answers it."""
+    from click.testing import CliRunner
+
+    from traceql.cli import main
+
+    code = ("import sys; sys.argv = ['traceql', '--version']; from traceql.__main__ import run; rc = run(); "
+            "print('click' in sys.modules, rc)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    said = CliRunner().invoke(main, ["--version"])
+    assert said.exit_code == 0
+    assert r.stdout == said.output + "False 0\n"
+    mods = _modules(tmp_path, "--version", "--help")  # not alone: click's group answers
+    assert "click" in mods
+
+
+def test_help_lists_each_command_in_the_commands_own_words():
+    """`traceql --help` lists the commands from COMMANDS without loading them; each line must be what the loaded
+    command itself gives, at every width click may cut it to."""
+    import click
+
+    from traceql.cli import COMMANDS, main
+
+    for name, (_, summary) in COMMANDS.items():
+        real = main.get_command(None, name)
+        stand_in = click.Command(name, help=summary)
+        assert not real.hidden and not real.deprecated and real.short_help is None, name
+        for limit in range(1, 240):
+            assert stand_in.get_short_help_str(limit) == real.get_short_help_str(limit), (name, limit)
+
+
+def test_help_in_a_fresh_process_is_the_help_with_every_command_loaded():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    loading = ("import sys; from traceql.cli import COMMANDS, main\n"
+               "for name in COMMANDS: main.get_command(None, name)\n"
+               "main(['--help'], prog_name='traceql')")
+    for columns in ("40", "100"):
+        env["COLUMNS"] = columns
+        fresh, loaded = (subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                                        timeout=120) for args in (["-m", "traceql", "--help"], ["-c", loading]))
+        assert fresh.returncode == 0 and loaded.returncode == 0, fresh.stderr + loaded.stderr
+        assert "Commands:" in fresh.stdout
+        assert fresh.stdout == loaded.stdout
 
 
 def test_every_registered_command_loads_and_help_lists_them_all(tmp_path):
