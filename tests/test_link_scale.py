@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from traceql.link._keys import first_match, packed_key
+from traceql.link._keys import first_match, in_order, packed_key, sorted_by
 from traceql.pipeline import load_run
 from traceql.rules.engine import evaluate
 from traceql.rules.loader import load_rules
@@ -36,6 +36,16 @@ def test_first_match_is_a_left_join_on_the_first_right_row(frames):
     got = first_match(left, right, ["rank", "source", "correlation"])
     want = _plain(left, right, ["rank", "source", "correlation"])
     assert got.equals(want), (got, want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_rows, st.sampled_from([["rank"], ["rank", "source"], ["rank", "source", "correlation"], ["correlation", "rank"]]))
+def test_in_order_says_whether_a_sort_would_leave_the_rows_as_they_are(rows, by):
+    df = pl.DataFrame(rows, schema={"rank": pl.Int32, "source": pl.Int32, "correlation": pl.Int64}, orient="row")
+    has_nulls = any(df[c].null_count() for c in by)
+    unchanged = df.equals(df.sort(by, maintain_order=True))
+    assert in_order(df, by) == (unchanged and (not has_nulls or df.height < 2))
+    assert sorted_by(df, by).select(by).equals(df.sort(by, maintain_order=True).select(by))
 
 
 def test_packed_key_refuses_what_would_collide():
@@ -276,3 +286,30 @@ def test_idle_gaps_name_the_previous_kernel_by_its_row(run_dir):
         assert _raw_gaps(run).height == 0
         return
     assert_frame_equal(_raw_gaps(run), _raw_gaps_reference(run))
+
+
+@pytest.mark.parametrize("run_dir", _RUN_DIRS, ids=lambda p: p.name)
+def test_idle_gaps_keep_their_order_as_the_table_of_the_sorted_parts(run_dir):
+    """gpu_idle_gaps puts host_op back at the named gaps' rows and keeps _raw_gaps' order, which must be the table's:
+    the frame of the named and the other gaps concatenated and sorted, as it was built before."""
+    from polars.testing import assert_frame_equal
+
+    from traceql import intervals
+    from traceql.link.breakdown import GAP_SCHEMA, HOST_OP_MIN_GAP_MS, _raw_gaps, gpu_idle_gaps
+    from traceql.link.context import host_context
+    from traceql.link.input_pipeline import input_wait_ns
+
+    run = load_run(run_dir, use_cache=False, jobs=1)
+    got = gpu_idle_gaps(run)
+    g = _raw_gaps(run)
+    if g.height == 0:
+        assert got.height == 0
+        return
+    g = intervals.short_names(g, ["prev_name", "next_name"])
+    named = host_context(run, g.filter(pl.col("gap_ms") >= HOST_OP_MIN_GAP_MS))
+    rest = g.filter(pl.col("gap_ms") < HOST_OP_MIN_GAP_MS).with_columns(pl.lit(None, pl.Utf8).alias("host_op"))
+    g = pl.concat([named.select(rest.columns), rest])
+    g = g.with_columns((input_wait_ns(run, g, "gap_ts", "gap_end") / 1e6).alias("input_wait_ms"))
+    want = g.select([pl.col(c).cast(t) for c, t in GAP_SCHEMA.items()]).sort("rank", "source", "device", "gap_ts")
+    assert_frame_equal(got, want)
+    assert in_order(got, ["rank", "source", "device", "gap_ts"])

@@ -77,3 +77,24 @@ def join(left: pl.DataFrame, right: pl.DataFrame, on: list[str], how: str = "inn
         inside = key.is_in(r["_key"].drop_nulls().implode())
         return left.filter(inside if how == "semi" else ~inside.fill_null(False))
     return left.with_columns(key).join(r.drop(on), on="_key", how=how, **kw).drop("_key")
+
+
+def in_order(df: pl.DataFrame, by: list[str]) -> bool:
+    """Whether df's rows are already in ascending order of `by` (ties allowed), by one comparison of each row with
+    the one before: a few vectorised passes, where a sort of several columns encodes every row (352k gaps of 16
+    ranks: 160 ms to sort four integer columns that were in order). False where a key column has nulls (a sort
+    places them first: not checked here)."""
+    if df.height < 2:
+        return True
+    if any(df[c].null_count() for c in by):
+        return False
+    later = None  # the row is after the previous one in the order of by[i:], built from the last key up
+    for c in reversed(by):
+        here, before = pl.col(c), pl.col(c).shift(1)
+        later = (here >= before) if later is None else (here > before) | ((here == before) & later)
+    return bool(df.select(later.fill_null(True).all()).item())
+
+
+def sorted_by(df: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """df sorted by `by`: as it is where it already is (in_order), else df.sort(by)."""
+    return df if in_order(df, by) else df.sort(by)

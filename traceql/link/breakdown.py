@@ -16,6 +16,7 @@ from __future__ import annotations
 import polars as pl
 
 from traceql.link import POLARS_ENGINE
+from traceql.link._keys import sorted_by
 from traceql.model import Run
 from traceql import intervals as measures
 
@@ -186,11 +187,18 @@ def gpu_idle_gaps(run: Run) -> pl.DataFrame:
     # what the host was doing, for gaps that can matter: a trace has a gap of a few microseconds between most
     # kernels, and naming each would cost an as-of join per gap for nothing
     g = measures.short_names(g, ["prev_name", "next_name"])  # row by row: once for both parts
-    named = host_context(run, g.filter(pl.col("gap_ms") >= HOST_OP_MIN_GAP_MS))
-    rest = g.filter(pl.col("gap_ms") < HOST_OP_MIN_GAP_MS).with_columns(pl.lit(None, pl.Utf8).alias("host_op"))
-    g = pl.concat([named.select(rest.columns), rest])
+    # the named gaps' host_op put back at their rows: the gaps keep _raw_gaps' order (device by device, in time),
+    # which is the table's, so they need no sort at the end (a sort of 352k gaps: 0.16 s at 16 ranks)
+    g = g.with_row_index("_gi")
+    worth = g.filter(pl.col("gap_ms") >= HOST_OP_MIN_GAP_MS)
+    named = host_context(run, worth.select("_gi", "rank", "source", "gap_ts", "gap_end"))
+    host_op = pl.repeat(None, g.height, dtype=pl.Utf8, eager=True)
+    if named.height:
+        host_op = host_op.scatter(named["_gi"], named["host_op"])
+    g = g.drop("_gi").with_columns(host_op.alias("host_op"))
     g = g.with_columns((input_wait_ns(run, g, "gap_ts", "gap_end") / 1e6).alias("input_wait_ms"))
-    return g.select([pl.col(c).cast(t) for c, t in GAP_SCHEMA.items()]).sort("rank", "source", "device", "gap_ts")
+    g = g.select([pl.col(c).cast(t) for c, t in GAP_SCHEMA.items()])
+    return sorted_by(g, ["rank", "source", "device", "gap_ts"])
 
 
 def gpu_step_gaps(run: Run) -> pl.DataFrame:
