@@ -1,7 +1,7 @@
 """The whole command, as users meet it: `/usr/bin/time` on `traceql check DIR --no-cache`, process start included.
 
     python benchmarks/whole_command.py [--corpus DIR] [--hta-python PY] [--repeat 3] [--big-mb 1000]
-        [--recheck 8] [--ranks 128x35] [--tmp DIR] [--json OUT]
+        [--recheck 8] [--ranks 128x35] [--installed VENV] [--tmp DIR] [--json OUT]
 
 Every figure is one fresh process measured by /usr/bin/time (wall seconds, CPU seconds = user + sys, peak RSS), best
 of --repeat by CPU, all in the same run:
@@ -12,6 +12,9 @@ of --repeat by CPU, all in the same run:
 Rows: each corpus folder holding NCCL kernels; samples/demo; `traceql --help` and `--version`; a ~1 GB plain trace
 (--big-mb, scaled from df_index_resolver with shifted timestamps, never committed); a warm re-check of N ranks of
 df_index_resolver (--recheck: the second `check` with the cache); N ranks x M MB cold (--ranks, optional: disk).
+The traceql rows run this checkout with the running interpreter (an editable install's import hook costs about 50 M
+instructions at every start); --installed VENV adds `VENV/bin/traceql --help` and `--version` of a regular
+`pip install .` there, the console script as a user runs it.
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ def main() -> None:
     ap.add_argument("--big-mb", type=float, default=0, help="also a scaled plain trace of this many MB (e.g. 1000)")
     ap.add_argument("--recheck", type=int, default=0, metavar="N", help="warm re-check of N scaled ranks")
     ap.add_argument("--ranks", default="", help="NxMB cold run of N ranks of MB each (e.g. 128x35)")
+    ap.add_argument("--installed", type=Path, default=None, help="a venv with a regular install: its --help/--version")
     ap.add_argument("--tmp", default=None)
     ap.add_argument("--json", type=Path, default=None, help="write every figure here")
     a = ap.parse_args()
@@ -107,6 +111,11 @@ def main() -> None:
             r = best([*TRACEQL, name], a.repeat, env)
             rows.append({"input": f"traceql {name}", "traceql": r})
             print(f"{'traceql ' + name:58} {_fmt(r):>20}")
+        if a.installed:
+            for name in ("--help", "--version"):
+                r = best([str(a.installed / "bin" / "traceql"), name], a.repeat, env)
+                rows.append({"input": f"installed traceql {name}", "traceql": r})
+                print(f"{'installed traceql ' + name + ' (pip install .)':58} {_fmt(r):>20}")
         targets = [(REPO / "samples" / "demo", False)]
         targets += [(a.corpus / d, True) for d in NCCL_DIRS if (a.corpus / d).is_dir()]
         if a.big_mb:
