@@ -13,13 +13,33 @@ set wins, and nothing changes where polars was imported first (a notebook)."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 KEEP_FREED_PAGES = "dirty_decay_ms:60000"
 
+# The oldest polars the bundled rules load on (pyproject.toml's floor says the same): 2.0.0's SQL has no
+# regexp_replace (TQL401), 1.44's no window ORDER BY of mixed directions (rules/views/best_source.yaml).
+MIN_POLARS = (2, 1)
+
+
+class PolarsTooOld(RuntimeError):
+    """The polars imported is older than MIN_POLARS."""
+
+
+def require(version: str) -> None:
+    """Raise PolarsTooOld where `version` (polars.__version__) is below MIN_POLARS; a version that does not read as
+    MAJOR.MINOR (a local build) passes."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m and (int(m[1]), int(m[2])) < MIN_POLARS:
+        need = ".".join(map(str, MIN_POLARS))
+        raise PolarsTooOld(f"polars {version} is too old: traceql needs polars >= {need} "
+                           f"(pip install -U 'polars>={need}')")
+
 
 def load(threads: int | None = None) -> None:
     if "polars" in sys.modules:
+        require(sys.modules["polars"].__version__)
         return
     wanted = {"_RJEM_MALLOC_CONF": KEEP_FREED_PAGES}
     if threads is not None:
@@ -30,6 +50,7 @@ def load(threads: int | None = None) -> None:
     try:
         import polars
 
+        require(polars.__version__)
         polars.Series([0])  # the allocator's first use, where it reads its configuration
         polars.thread_pool_size()  # the pool, sized now
     finally:

@@ -65,6 +65,18 @@ class _Commands(click.Group):
         finally:
             self._listing = False
 
+    def invoke(self, ctx):
+        """As click's; a polars older than traceql needs (traceql.polars_env) is one line and exit 2, not a rule
+        file's SQL error or a traceback."""
+        from traceql.polars_env import PolarsTooOld
+
+        try:
+            return super().invoke(ctx)
+        except PolarsTooOld as e:
+            from traceql.cli._common import _fail
+
+            _fail(str(e))
+
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """As click's, and where the command line is this process's own (args from sys.argv, click ending the
         process) and the command said it is done (_common.done), the process ends without the interpreter's
