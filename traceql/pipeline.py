@@ -27,6 +27,7 @@ class NothingToAnalyse(Exception):
 
 
 def load_run(path: Path, use_cache: bool = True, jobs: int | None = None, progress: bool = False) -> Run:
+    polars_env.load()  # polars imported already: only its version checked, here as at import (a notebook's polars)
     if remote.is_url(path):  # a run at an fsspec URL (traceql.remote)
         path = _located(path)
         return _load(path, discover(path), use_cache, jobs, progress)
