@@ -202,13 +202,13 @@ def _config_path(run_dir: Path, given: Path | None, trust: bool) -> Path | None:
 
 def _internal(e: Exception) -> None:
     """Exit 3 with one line; TRACEQL_DEBUG=1 shows the traceback instead. A polars too old for traceql is the
-    environment's, not an internal error: its own line, exit 2 (the group's invoke says the same elsewhere)."""
+    environment's, not an internal error: it goes on to the group's invoke (traceql.cli), which says it."""
     import os
 
     from traceql.polars_env import PolarsTooOld
 
     if isinstance(e, PolarsTooOld):
-        _fail(str(e))
+        raise e
     if os.environ.get("TRACEQL_DEBUG"):
         raise e
     _fail(f"internal error: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}; please report it with the run "
