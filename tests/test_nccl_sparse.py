@@ -122,11 +122,27 @@ def _fired(tmp_path, lines):
 
 def test_dead_ranks_need_the_world_size_from_the_log(tmp_path):
     """Ranks 0 and 3 report: without a stated world size no rank is called dead (the highest rank seen says nothing
-    of ranks 1 and 2 being in the job, or of ranks above 3); with ProcessGroupNCCL's "size: 6" ranks 1, 2, 4, 5 are."""
+    of ranks 1 and 2 being in the job, or of ranks above 3); with ProcessGroupNCCL's "size: 6" ranks 1, 2, 4, 5 are
+    in the job, and which of them is silent depends on whether their logs are here at all."""
     got = _fired(tmp_path, [_wd(0, 7), _wd(3, 7)])
     assert got == {("TQL513", (0, 3), "error")}
-    got = _fired(tmp_path, [_size(0, 6), _wd(0, 7), _wd(3, 7)])
-    assert ("TQL515", (1, 2, 4, 5), "error") in got
+    # ranks 1 and 4 logged (their initialization line) but never time out: dead; 2 and 5 left no line at all
+    got = _fired(tmp_path, [_size(0, 6), _size(1, 6), _size(4, 6), _wd(0, 7), _wd(3, 7)])
+    assert ("TQL515", (1, 4), "error") in got
+    assert ("TQL517", (0, 3), "warning") in got
+
+
+def test_a_rank_with_no_line_is_not_called_dead(tmp_path):
+    """An issue paste of rank 0's lines from a 2-rank job: rank 1's log was not collected, so nothing says it died;
+    the lone timeout is a warning that names the rank whose log is missing (TQL515 fired here at error before)."""
+    got = _fired(tmp_path, [_size(0, 2), _wd(0, 7)])
+    assert got == {("TQL517", (0,), "warning")}
+    res, _ = _check(tmp_path)
+    [f] = [f for f in res.findings if f.rule == "TQL517"]
+    assert "rank(s) 1 of the job's 2 (ProcessGroupNCCL size) left no line" in f.message
+    # every rank of the job logged and all time out: a hang, with nothing left unclassified
+    got = _fired(tmp_path, [_size(0, 2), _size(1, 2), _wd(0, 7), _wd(1, 7)])
+    assert got == {("TQL513", (0, 1), "error")}
 
 
 def test_one_rank_timeout_is_a_warning_that_says_what_is_missing(tmp_path):
@@ -135,9 +151,9 @@ def test_one_rank_timeout_is_a_warning_that_says_what_is_missing(tmp_path):
     [f] = [f for f in res.findings if f.rule.startswith("TQL5")]
     assert (f.rule, f.ranks, f.severity) == ("TQL517", [1], "warning")
     assert "no world size" in f.message and "#22" in f.message
-    # the world size known, the silent peer is named (error), the lone timeout stays unclassified (warning)
-    got = _fired(tmp_path, [_size(1, 2), _wd(1, 22, "ALLGATHER")])
-    assert got == {("TQL517", (1,), "warning"), ("TQL515", (0,), "error")}
+    # the world size known and the peer's log here, the silent peer is named (error) and nothing is unclassified
+    got = _fired(tmp_path, [_size(1, 2), _size(0, 2), _wd(1, 22, "ALLGATHER")])
+    assert got == {("TQL515", (0,), "error")}
 
 
 def test_terminate_line_alone_is_the_watchdog_timeout():

@@ -20,8 +20,8 @@ Tables (DERIVED):
   earliest error across ranks of a rank that did not merely detect the timeout).
 - nccl_watchdog: per process group and rank, its first watchdog timeout (seq, op), with the group's majority: the
   collective most reporting ranks time out in (majority_seq, majority_op, majority_ranks), n_variants, n_reporting.
-- nccl_world: the job's world size as the run states it (world_size, origin), one row per world_rank; no rows
-  where nothing states it.
+- nccl_world: the job's world size as the run states it (world_size, origin), one row per world_rank, and whether
+  that rank left any line in the logs here (logged); no rows where nothing states it.
 - nccl_desync_reports: what PyTorch's desync report (TORCH_NCCL_DESYNC_DEBUG) says of which ranks, deduplicated.
 - fr_entries: Flight Recorder entries per rank and group (collectives rows from dumps, one per entry).
 - fr_group_members: per Flight Recorder group, the ranks it holds (its pg_ranks; the default group: 0..size-1).
@@ -206,8 +206,15 @@ def _world_size(run: Run) -> tuple[int | None, str | None]:
 def nccl_world(run: Run) -> pl.DataFrame:
     n, origin = _world_size(run)
     ranks = list(range(n)) if n and n > 0 else []
-    return pl.DataFrame({"world_rank": ranks, "world_size": [n] * len(ranks), "origin": [origin] * len(ranks)},
-                        schema={"world_rank": pl.Int32, "world_size": pl.Int64, "origin": pl.Utf8})
+    # which ranks left any line in the logs here: a rank with none may have died before logging, or its log was not
+    # collected (an issue paste of one rank's lines); only one that logged can be said to be silent
+    seen: set[int] = set()
+    for t in ("nccl_events", "nccl_comms"):
+        seen.update(run.table(t)["rank"].drop_nulls().unique().to_list())
+    return pl.DataFrame({"world_rank": ranks, "world_size": [n] * len(ranks), "origin": [origin] * len(ranks),
+                         "logged": [r in seen for r in ranks]},
+                        schema={"world_rank": pl.Int32, "world_size": pl.Int64, "origin": pl.Utf8,
+                                "logged": pl.Boolean})
 
 
 def nccl_desync_reports(run: Run) -> pl.DataFrame:

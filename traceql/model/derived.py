@@ -953,6 +953,8 @@ _table(
         "world_rank": (I32, "a rank of the job"),
         "world_size": (I64, "the job's world size"),
         "origin": (STR, "where it is stated"),
+        "logged": (BOOL, "the rank left a line in the NCCL/ProcessGroupNCCL logs here (false: died first, or its log "
+                         "was not collected)"),
     },
 )
 _table(
