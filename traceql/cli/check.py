@@ -42,7 +42,8 @@ RUN_ARG = _RunArg(path_type=Path)
 # in wall time (samples/demo, 2 MB: 0.88 against 1.00 CPU s, min of 8 interleaved; a 54 MB trace 1.24 against 1.38,
 # and no slower on the wall clock). Above it, at most MAX_THREADS: the parent's queries over many ranks' tables gain
 # little wall time past that and pay for it in CPU (128 ranks x 36 MB on 16 cores: 67-69 CPU s / 13.8 s wall on 16
-# threads, 55-61 / 14.2-15.8 on 4). polars sizes its pool as it is imported: decided before that (traceql.polars_env).
+# threads, 55-61 / 14.2-15.8 on 4). polars sizes its pool as it is imported: decided before that (traceql.polars_env),
+# which also keeps a one-thread check on the CPU it starts on (its workers get every CPU back).
 ONE_THREAD_MAX_BYTES = 128 << 20
 MAX_THREADS = 4
 

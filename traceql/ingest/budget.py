@@ -47,6 +47,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from traceql import polars_env
 from traceql.model import Source
 
 try:
@@ -627,6 +628,7 @@ def _interpreter(args: list[str], threads: str | None, malloc_conf: str | None =
         env.setdefault("POLARS_MAX_THREADS", threads)
     if malloc_conf is not None:
         env.setdefault("_RJEM_MALLOC_CONF", malloc_conf)
+    polars_env.unpinned_env(env)  # a check that kept itself to one CPU: its workers run on every CPU it had
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "traceql.ingest.budget", *args, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
@@ -995,6 +997,7 @@ def pool() -> Pool:
 if __name__ == "__main__":
     import sys
 
+    polars_env.restore_cpus()
     if sys.argv[1] == "--zygote":
         _zygote(_connection(int(sys.argv[2])))
     else:
