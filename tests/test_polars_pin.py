@@ -95,3 +95,9 @@ def test_a_pool_the_user_sized_is_not_pinned():
     before = _listed(got["before"])
     assert len(got["threads"]) >= 3  # the main thread and the user's two
     assert all(_parse(c) == before for c in got["threads"].values())
+
+
+def test_pin_cpu_0_leaves_the_process_as_it_is():
+    got = _probe("1", TRACEQL_PIN_CPU="0")
+    before = _listed(got["before"])
+    assert all(_parse(c) == before for c in got["threads"].values())

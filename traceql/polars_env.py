@@ -53,9 +53,10 @@ def pin_for_one_thread() -> None:
     thread and sleeps until it is done. On two CPUs every hand-off is a cross-CPU wake-up and a spin; on one it is a
     switch between two threads of the same core. samples/demo and the corpus traces, whole command, 2 vCPUs (a
     firecracker VM), min / median CPU s of 10 interleaved runs: benchmarks/README.md, eleventh round. Linux only; a
-    process already kept to one CPU, or one whose CPU cannot be read, is left as it is."""
+    process already kept to one CPU, or one whose CPU cannot be read, is left as it is; TRACEQL_PIN_CPU=0 leaves
+    every process as it is (several checks at once on a busy machine, where one kept to a CPU cannot move off it)."""
     global UNPINNED
-    if UNPINNED is not None or not hasattr(os, "sched_setaffinity"):
+    if UNPINNED is not None or not hasattr(os, "sched_setaffinity") or os.environ.get("TRACEQL_PIN_CPU") == "0":
         return
     try:
         allowed = os.sched_getaffinity(0)
