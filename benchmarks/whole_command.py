@@ -4,7 +4,8 @@
         [--recheck 8] [--ranks 128x35] [--installed VENV] [--tmp DIR] [--json OUT]
 
 Every figure is one fresh process measured by /usr/bin/time (wall seconds, CPU seconds = user + sys, peak RSS), best
-of --repeat by CPU, all in the same run:
+of --repeat by CPU, all in the same run; a row's traceql, floor and HTA runs take turns (one of each per round), so
+that a box whose speed drifts moves a row's figures together:
 - traceql: `traceql check DIR -q --no-cache --fail-on never` (cold: no Parquet cache read or written);
 - the floor: the interpreter starting, importing polars and inflating the file(s) (what no reader can avoid);
 - HTA: `TraceAnalysis(trace_dir=DIR)` then `get_comm_comp_overlap()` (its nearest job to `check`'s overlap rule),
@@ -76,6 +77,20 @@ def best(cmd: list[str], repeat: int, env: dict | None = None, timeout: float = 
     return min(runs, key=lambda r: r["cpu"]) if runs else None
 
 
+def interleaved(jobs: dict[str, tuple[list[str], tuple]], repeat: int, env: dict, once: tuple = ()) -> dict:
+    """Best (by CPU) of each job over `repeat` rounds, every round running each job once in turn (those in `once` in
+    the first round only): a box whose speed drifts between rows moves the jobs of a row together, not one ratio."""
+    runs: dict[str, list] = {k: [] for k in jobs}
+    for i in range(repeat):
+        for k, (cmd, ok) in jobs.items():
+            if i and k in once:
+                continue
+            r = timed(cmd, env if k != "hta" else None, ok=ok)
+            if r:
+                runs[k].append(r)
+    return {k: min(v, key=lambda r: r["cpu"]) if v else None for k, v in runs.items()}
+
+
 def check_cmd(path: Path, cache: bool = False) -> list[str]:
     return [*TRACEQL, "check", str(path), "-q", "--fail-on", "never", *([] if cache else ["--no-cache"])]
 
@@ -123,14 +138,14 @@ def main() -> None:
             gz = next(iter(sorted(src.glob("*.json.gz"))))
             targets.append((scaled_copy(gz, tmp / f"big-{a.big_mb:.0f}", a.big_mb).parent, a.big_mb <= 1200))
         for path, with_hta in targets:
-            r = best(check_cmd(path), a.repeat, env)
-            fl = best([sys.executable, "-c", FLOOR_JOB, str(path)], a.repeat, env)
-            h = None
+            jobs = {"traceql": (check_cmd(path), (0, 1)), "floor": ([sys.executable, "-c", FLOOR_JOB, str(path)], (0, 1))}
             if with_hta and hta:
                 copy = tmp / "hta" / path.name
                 shutil.rmtree(copy, ignore_errors=True)
                 shutil.copytree(path, copy)
-                h = best([a.hta_python, "-c", HTA_JOB, str(copy)], 1 if "big" in path.name else a.repeat, ok=(0,))
+                jobs["hta"] = ([a.hta_python, "-c", HTA_JOB, str(copy)], (0,))
+            got = interleaved(jobs, a.repeat, env, once=("hta",) if "big" in path.name else ())
+            r, fl, h = got["traceql"], got["floor"], got.get("hta")
             label = str(path.relative_to(a.corpus)) if path.is_relative_to(a.corpus) else path.name
             mb = sum((len(gzip.decompress(p.read_bytes())) if p.name.endswith(".gz") else p.stat().st_size)
                      for p in path.rglob("*") if p.is_file() and ".json" in p.name) / 1e6
