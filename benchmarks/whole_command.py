@@ -1,7 +1,7 @@
 """The whole command, as users meet it: `/usr/bin/time` on `traceql check DIR --no-cache`, process start included.
 
     python benchmarks/whole_command.py [--corpus DIR] [--hta-python PY] [--repeat 3] [--big-mb 1000]
-        [--recheck 8] [--ranks 128x35] [--installed VENV] [--tmp DIR] [--json OUT]
+        [--recheck 8] [--ranks 128x35] [--installed VENV [--installed-checks]] [--tmp DIR] [--json OUT]
 
 Every figure is one fresh process measured by /usr/bin/time (wall seconds, CPU seconds = user + sys, peak RSS), best
 of --repeat by CPU, all in the same run; a row's traceql, floor and HTA runs take turns (one of each per round), so
@@ -15,7 +15,8 @@ Rows: each corpus folder holding NCCL kernels; samples/demo; `traceql --help` an
 df_index_resolver (--recheck: the second `check` with the cache); N ranks x M MB cold (--ranks, optional: disk).
 The traceql rows run this checkout with the running interpreter (an editable install's import hook costs about 50 M
 instructions at every start); --installed VENV adds `VENV/bin/traceql --help` and `--version` of a regular
-`pip install .` there, the console script as a user runs it.
+`pip install .` there, the console script as a user runs it, and with --installed-checks every check row runs that
+console script too, its floor that venv's python.
 """
 
 from __future__ import annotations
@@ -95,6 +96,17 @@ def check_cmd(path: Path, cache: bool = False) -> list[str]:
     return [*TRACEQL, "check", str(path), "-q", "--fail-on", "never", *([] if cache else ["--no-cache"])]
 
 
+def use_installed(venv: Path) -> None:
+    """Every row as a user of a regular install meets it: VENV/bin/traceql for traceql, VENV/bin/python for the
+    floor (no editable-install import hook in either)."""
+    global TRACEQL, PYTHON
+    TRACEQL = [str(venv / "bin" / "traceql")]
+    PYTHON = str(venv / "bin" / "python")
+
+
+PYTHON = sys.executable  # the floor's interpreter: the one traceql runs on
+
+
 def _fmt(r: dict | None) -> str:
     return "-" if r is None else f"{r['cpu']:.2f} / {r['wall']:.2f} / {r['rss_mb']:.0f}"
 
@@ -112,6 +124,8 @@ def main() -> None:
     ap.add_argument("--recheck", type=int, default=0, metavar="N", help="warm re-check of N scaled ranks")
     ap.add_argument("--ranks", default="", help="NxMB cold run of N ranks of MB each (e.g. 128x35)")
     ap.add_argument("--installed", type=Path, default=None, help="a venv with a regular install: its --help/--version")
+    ap.add_argument("--installed-checks", action="store_true",
+                    help="with --installed: every check row (and its floor) through that venv, not this checkout")
     ap.add_argument("--tmp", default=None)
     ap.add_argument("--json", type=Path, default=None, help="write every figure here")
     a = ap.parse_args()
@@ -131,6 +145,8 @@ def main() -> None:
                 r = best([str(a.installed / "bin" / "traceql"), name], a.repeat, env)
                 rows.append({"input": f"installed traceql {name}", "traceql": r})
                 print(f"{'installed traceql ' + name + ' (pip install .)':58} {_fmt(r):>20}")
+        if a.installed and a.installed_checks:
+            use_installed(a.installed)
         targets = [(REPO / "samples" / "demo", False)]
         targets += [(a.corpus / d, True) for d in NCCL_DIRS if (a.corpus / d).is_dir()]
         if a.big_mb:
@@ -138,7 +154,7 @@ def main() -> None:
             gz = next(iter(sorted(src.glob("*.json.gz"))))
             targets.append((scaled_copy(gz, tmp / f"big-{a.big_mb:.0f}", a.big_mb).parent, a.big_mb <= 1200))
         for path, with_hta in targets:
-            jobs = {"traceql": (check_cmd(path), (0, 1)), "floor": ([sys.executable, "-c", FLOOR_JOB, str(path)], (0, 1))}
+            jobs = {"traceql": (check_cmd(path), (0, 1)), "floor": ([PYTHON, "-c", FLOOR_JOB, str(path)], (0, 1))}
             if with_hta and hta:
                 copy = tmp / "hta" / path.name
                 shutil.rmtree(copy, ignore_errors=True)
