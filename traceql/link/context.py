@@ -150,8 +150,10 @@ _SEARCH_OPS_FROM = 1 << 16
 
 # below this many points the parent walk runs in Python over the ops as lists (_walk_listed): a level of the
 # vectorised walks costs ~1 ms of polars queries however few points climb it (while the ops, taken as lists once,
-# are few too: a large trace's few points walk faster by searching its ops than by listing them)
-_WALK_IN_PYTHON = 1_000
+# are few too: a large trace's few points walk faster by searching its ops than by listing them). 2,048, not 1,000:
+# trace_filter's 1,746 points over 4,765 ops 24.7 -> 16.3 ms (host_context, min of 5 in one process), the other
+# corpus traces and fixtures the same within their noise (benchmarks/README.md, eleventh round)
+_WALK_IN_PYTHON = 2_048
 _WALK_OPS_IN_PYTHON = 16_384
 
 
