@@ -56,10 +56,6 @@ def _probe(*args: str, **extra: str) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def _listed(cpus: list[int]) -> set[int]:
-    return set(cpus)
-
-
 def _parse(listed: str) -> set[int]:
     out: set[int] = set()
     for part in listed.split(","):
@@ -70,7 +66,7 @@ def _parse(listed: str) -> set[int]:
 
 def test_one_thread_keeps_every_thread_on_one_cpu_and_workers_on_all():
     got = _probe("1", str(REPO / "fixtures" / "h200x2-desync"))
-    before = _listed(got["before"])
+    before = set(got["before"])
     per_thread = {t: _parse(c) for t, c in got["threads"].items()}
     assert len(per_thread) >= 2, "polars' pool thread is missing"
     if len(before) < 2:  # a process allowed one CPU has nothing to choose: left as it was
@@ -85,19 +81,19 @@ def test_one_thread_keeps_every_thread_on_one_cpu_and_workers_on_all():
 
 def test_a_pool_of_polars_default_size_is_not_pinned():
     got = _probe("none")
-    before = _listed(got["before"])
+    before = set(got["before"])
     assert all(_parse(c) == before for c in got["threads"].values())
 
 
 def test_a_pool_the_user_sized_is_not_pinned():
     """POLARS_MAX_THREADS set by the user wins over the check's one thread: its threads keep every CPU."""
     got = _probe("1", POLARS_MAX_THREADS="2")
-    before = _listed(got["before"])
+    before = set(got["before"])
     assert len(got["threads"]) >= 3  # the main thread and the user's two
     assert all(_parse(c) == before for c in got["threads"].values())
 
 
 def test_pin_cpu_0_leaves_the_process_as_it_is():
     got = _probe("1", TRACEQL_PIN_CPU="0")
-    before = _listed(got["before"])
+    before = set(got["before"])
     assert all(_parse(c) == before for c in got["threads"].values())

@@ -51,8 +51,8 @@ def pin_for_one_thread() -> None:
 
     With one pool thread the work is serial anyway: the calling thread hands each polars operation to the pool's
     thread and sleeps until it is done. On two CPUs every hand-off is a cross-CPU wake-up and a spin; on one it is a
-    switch between two threads of the same core. samples/demo and the corpus traces, whole command, 2 vCPUs (a
-    firecracker VM), min / median CPU s of 10 interleaved runs: benchmarks/README.md, eleventh round. Linux only; a
+    switch between two threads of the same core: samples/demo and the corpus traces 15-25% less CPU for the whole
+    command on 2 vCPUs (a firecracker VM), less on 16 (benchmarks/README.md, eleventh round). Linux only; a
     process already kept to one CPU, or one whose CPU cannot be read, is left as it is; TRACEQL_PIN_CPU=0 leaves
     every process as it is (several checks at once on a busy machine, where one kept to a CPU cannot move off it)."""
     global UNPINNED
