@@ -97,3 +97,29 @@ def test_pin_cpu_0_leaves_the_process_as_it_is():
     got = _probe("1", TRACEQL_PIN_CPU="0")
     before = set(got["before"])
     assert all(_parse(c) == before for c in got["threads"].values())
+
+
+CLI_PROBE = r"""
+import os, sys
+real = os._exit
+def report(code):  # the command ends with os._exit: say its threads' CPUs there
+    print("CPUS", sorted(os.sched_getaffinity(0)), file=sys.stderr, flush=True)
+    real(code)
+os._exit = report
+sys.argv = ["traceql", "check", sys.argv[1], "-q", "--no-cache", "--fail-on", "never"]
+from traceql.__main__ import run
+report(run() or 0)
+"""
+
+
+def test_the_check_command_of_a_small_run_is_pinned():
+    """The command itself, not only the function: polars must not be imported before the check sizes its pool (an
+    import moved earlier would silently give back the hand-offs across CPUs)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("POLARS_MAX_THREADS", "TRACEQL_CPUS", "TRACEQL_PIN_CPU")}
+    r = subprocess.run([sys.executable, "-c", CLI_PROBE, str(REPO / "samples" / "demo")], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = [x for x in r.stderr.splitlines() if x.startswith("CPUS")][-1]
+    cpus = set(json.loads(line.split(" ", 1)[1]))
+    allowed = os.sched_getaffinity(0)
+    assert cpus <= allowed and len(cpus) == (1 if len(allowed) > 1 else len(allowed))
