@@ -48,8 +48,11 @@ print(json.dumps({"before": before, "threads": threads, "workers": workers,
 """
 
 
+_OURS = ("POLARS_MAX_THREADS", "TRACEQL_CPUS", "TRACEQL_PIN_CPU")  # what the probes set themselves
+
+
 def _probe(*args: str, **extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("POLARS_MAX_THREADS", "TRACEQL_CPUS")} | extra
+    env = {k: v for k, v in os.environ.items() if k not in _OURS} | extra
     r = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -115,7 +118,7 @@ report(run() or 0)
 def test_the_check_command_of_a_small_run_is_pinned():
     """The command itself, not only the function: polars must not be imported before the check sizes its pool (an
     import moved earlier would silently give back the hand-offs across CPUs)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("POLARS_MAX_THREADS", "TRACEQL_CPUS", "TRACEQL_PIN_CPU")}
+    env = {k: v for k, v in os.environ.items() if k not in _OURS}
     r = subprocess.run([sys.executable, "-c", CLI_PROBE, str(REPO / "samples" / "demo")], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
