@@ -128,6 +128,18 @@ write(d, "pasted.log", keep)
 man(d, "nccl-excerpt-one-rank", "an issue paste: rank 1's watchdog lines only, cut by hand from the real capture "
     "fixtures/h200x2-desync/rank1.stderr.log (its lines are verbatim)", {"fire": ["TQL517"]})
 
+# ---- a paste of two ranks' lines from a 4-rank job: both state the job's size and time out in the same all_reduce;
+# ranks 2 and 3 left no line here (not collected), which must not make them dead ranks (TQL515), only unknown (TQL517)
+d = F / "nccl-log-paste-two-of-four"; d.mkdir(exist_ok=True)
+L = []
+for r in range(2):
+    L.append(f"[rank{r}]:I1206 18:30:0{r}.100000000 1000{r} ProcessGroupNCCL.cpp:905] [PG ID 0 PG GUID 0 Rank {r}] ProcessGroupNCCL initialization options: size: 4, global rank: {r}, TIMEOUT(ms): 600000, USE_HIGH_PRIORITY_STREAM: 0, SPLIT_FROM: 0, SPLIT_COLOR: 0, PG Name: 0")
+for r in range(2):
+    L.append(wd(r, 3311, "ALLREDUCE", 1024, f"44:1{r}"))
+write(d, "pasted.log", L)
+man(d, "nccl-paste-two-of-four", "an issue paste: ranks 0 and 1 of a 4-rank job (both say size: 4) time out in the "
+    "same all_reduce; ranks 2 and 3 left no line in what was pasted", {"fire": ["TQL517"]})
+
 # ---- TORCH_NCCL_DESYNC_DEBUG report (TraceUtils.h retrieveDesyncReport wording): 8 ranks, rank 7 stuck in
 # all_reduce #2130 while the others wait in #2131
 d = F / "nccl-log-desync-report"; d.mkdir(exist_ok=True)
