@@ -47,6 +47,7 @@ NCCL_DIRS = [  # the corpus folders with NCCL kernels (benchmarks/hta_reference.
     "hta/tests/data/trace_filter",
 ]
 TRACEQL = [sys.executable, "-c", "import sys; from traceql.__main__ import run; sys.exit(run())"]  # the console script
+PYTHON = sys.executable  # the floor's interpreter: the one traceql runs on (use_installed: a regular install's)
 HTA_JOB = ("import logging, sys; logging.disable(logging.WARNING); from hta.trace_analysis import TraceAnalysis; "
            "a = TraceAnalysis(trace_dir=sys.argv[1]); a.get_comm_comp_overlap()")
 FLOOR_JOB = ("import sys, polars\nfrom pathlib import Path\n"
@@ -102,9 +103,6 @@ def use_installed(venv: Path) -> None:
     global TRACEQL, PYTHON
     TRACEQL = [str(venv / "bin" / "traceql")]
     PYTHON = str(venv / "bin" / "python")
-
-
-PYTHON = sys.executable  # the floor's interpreter: the one traceql runs on
 
 
 def _fmt(r: dict | None) -> str:
