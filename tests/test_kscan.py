@@ -450,3 +450,13 @@ def test_classify_routes_as_the_polars_expression(ph, cat):
     _bucket_expr gives (which msgspec's path routes by)."""
     want = pl.select(kineto._bucket_expr(pl.lit(ph, dtype=pl.String), pl.lit(cat, dtype=pl.String))).item() or ""
     assert kineto._SCAN_BUCKETS[kineto._classify.__wrapped__(ph, cat)][0] == want
+
+
+def test_decoded_strings_are_views_into_one_dictionary_chunk():
+    # a string column gathered from a dictionary of two chunks copies every row's bytes (polars' slow path); from one
+    # chunk the rows are views into its buffers: the scanner's names decode through one chunk
+    codes = kineto._Codes(["ncclKernel_AllReduce_RING_LL_Sum_float_with_a_long_name", "b"])
+    assert pl.select(codes.strs).to_series().n_chunks() == 1
+    out = pl.DataFrame({"c": pl.Series([1, 0, None, 0], dtype=pl.UInt32)}).select(codes(pl.col("c"))).to_series()
+    assert out.to_list() == ["b", "ncclKernel_AllReduce_RING_LL_Sum_float_with_a_long_name", None,
+                             "ncclKernel_AllReduce_RING_LL_Sum_float_with_a_long_name"]

@@ -253,6 +253,29 @@ def test_clock_offsets_recover_a_planted_offset_despite_an_outlier():
     assert off[1][2] == "nccl kernel end" and off[1][1] < 100.0  # residual in us: the outlier does not dominate
 
 
+def test_one_rank_is_unaligned_as_the_general_path_says(monkeypatch):
+    # the one-rank answer comes early (clock._unaligned); a rank whose calls repeat a match id takes the long way
+    from traceql.link import clock
+
+    early = link.ensure(_run_from(_calls(0, 5, 0)), "clock_offsets")
+    assert early.to_dicts() == [{"rank": 0, "offset_ns": 0, "residual_us": None, "n_matched": 0,
+                                 "method": "unaligned (no collective matched on two ranks)", "reference": None}]
+    monkeypatch.setattr(clock, "_unaligned", lambda ranks: (_ for _ in ()).throw(AssertionError("shortcut taken")))
+    two = link.ensure(_run_from(_calls(0, 5, 0) + _calls(1, 5, 1_000_000)), "clock_offsets")
+    assert two.filter(pl.col("rank") == 1)["offset_ns"][0] != 0
+
+
+def test_align_leaves_times_alone_where_every_offset_is_zero_and_shifts_them_otherwise():
+    from traceql.link import clock
+
+    df = pl.DataFrame({"rank": [0, 1, 1], "ts": [10, 20, 30], "end": [15, 25, 35]})
+    zero = pl.DataFrame({"rank": [0, 1], "offset_ns": [0, None]}, schema={"rank": pl.Int32, "offset_ns": pl.Int64})
+    assert clock.align(df, zero, ["ts", "end"]) is df
+    off = zero.with_columns(pl.Series("offset_ns", [0, 5], dtype=pl.Int64))
+    out = clock.align(df, off, ["ts", "end"])
+    assert out.columns == df.columns and out["ts"].to_list() == [10, 15, 25] and out["end"].to_list() == [15, 20, 30]
+
+
 def test_waits_use_aligned_times_and_name_the_straggler():
     # rank 2 arrives 4 ms late at every call; its clock is 7 ms behind, so raw times would call it early
     rows = _calls(0, 10, 0) + _calls(1, 10, 0) + _calls(2, 10, -7_000_000, late_ns=4_000_000)

@@ -383,7 +383,9 @@ class _Codes:
 
     def __init__(self, strings: list):
         self.none = len(strings)  # null codes gather the appended null
-        self.strs = pl.lit(pl.Series(strings, dtype=pl.String).append(pl.Series([None], dtype=pl.String)))
+        # one chunk: polars gathers a one-chunk string column as views into its buffers; from two chunks (an
+        # append) it copies every row's bytes (a 1 GB trace: the names of 2.5M rows, ~7% of its fresh pages)
+        self.strs = pl.lit(pl.Series([*strings, None], dtype=pl.String))
 
     def __call__(self, e: pl.Expr) -> pl.Expr:
         return self.strs.gather(e.fill_null(self.none))

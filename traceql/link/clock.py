@@ -42,6 +42,8 @@ def clock_offsets(run: Run) -> pl.DataFrame:
     if not ranks:
         return pl.DataFrame(schema=SCHEMA)
     # Ranks recorded in one source (one nsys file holding several processes) share its clock: one domain.
+    if len(ranks) == 1 and m["match_id"].n_unique() == m.height:
+        return _unaligned(ranks)  # one rank, each call once: no call is matched on two ranks (as below, sooner)
     domain_of = dict(m.group_by("rank").agg(pl.col("source").first()).iter_rows())
     a = m.select(
         "rank", "match_id", pl.coalesce("kernel_end", "end").alias("anchor"), pl.col("end").alias("_hend"),
@@ -64,11 +66,7 @@ def clock_offsets(run: Run) -> pl.DataFrame:
     ad = a.group_by("domain", "match_id").agg(pl.col("anchor").median(), pl.col("_k").all())
     counts = ad.group_by("domain").len()
     if counts.height == 0:
-        out = pl.DataFrame({"rank": ranks}, schema={"rank": pl.Int32}).with_columns(
-            pl.lit(0, pl.Int64).alias("offset_ns"), pl.lit(None, pl.Float64).alias("residual_us"),
-            pl.lit(0, pl.Int64).alias("n_matched"), pl.lit("unaligned (no collective matched on two ranks)").alias("method"),
-            pl.lit(None, pl.Int32).alias("reference"))
-        return out.select([pl.col(k).cast(t) for k, t in SCHEMA.items()])
+        return _unaligned(ranks)
     ref_domain = counts.sort(["len", "domain"], descending=[True, False])["domain"][0]
     ref = min(r for r in ranks if domain_of[r] == ref_domain)
     known: dict[int, int] = {ref_domain: 0}
@@ -120,6 +118,14 @@ def clock_offsets(run: Run) -> pl.DataFrame:
     return out
 
 
+def _unaligned(ranks: list[int]) -> pl.DataFrame:
+    """Offset 0 for every rank: no collective was matched on two ranks."""
+    n = len(ranks)
+    return pl.DataFrame({"rank": ranks, "offset_ns": [0] * n, "residual_us": [None] * n, "n_matched": [0] * n,
+                         "method": ["unaligned (no collective matched on two ranks)"] * n, "reference": [None] * n},
+                        schema=SCHEMA)
+
+
 def clock_error_ms(run: Run) -> pl.DataFrame:
     """Per rank: how far a wait measured between this rank and another can be off because of clock alignment, the
     alignment residual of the rank plus the largest residual among the other ranks (ms). Null where unaligned."""
@@ -143,8 +149,8 @@ def clock_error_ms(run: Run) -> pl.DataFrame:
 
 def align(df: pl.DataFrame, offsets: pl.DataFrame, cols: list[str]) -> pl.DataFrame:
     """df with its time columns on the aligned clock (raw - offset of its rank; ranks without an offset: 0)."""
-    if df.height == 0:
-        return df
+    if df.height == 0 or not any(offsets["offset_ns"].to_list()):
+        return df  # every clock is the reference's (one rank, one source, nothing aligned): the times as they are
     off = offsets.select(pl.col("rank").cast(df.schema["rank"]), pl.col("offset_ns").alias("_off_ns"))
     out = df.join(off, on="rank", how="left", maintain_order="left").with_columns(pl.col("_off_ns").fill_null(0))
     return out.with_columns([(pl.col(c) - pl.col("_off_ns")).alias(c) for c in cols if c in df.columns]).drop("_off_ns")
