@@ -8,6 +8,7 @@ general path would read differently.
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -460,3 +461,44 @@ def test_decoded_strings_are_views_into_one_dictionary_chunk():
     out = pl.DataFrame({"c": pl.Series([1, 0, None, 0], dtype=pl.UInt32)}).select(codes(pl.col("c"))).to_series()
     assert out.to_list() == ["b", "ncclKernel_AllReduce_RING_LL_Sum_float_with_a_long_name", None,
                              "ncclKernel_AllReduce_RING_LL_Sum_float_with_a_long_name"]
+
+
+@pytest.mark.parametrize("path", REAL[:4], ids=lambda p: str(p.relative_to(p.parents[1])))
+def test_many_flushes_give_the_tables_of_one(path, tmp_path, monkeypatch):
+    # a trace of more than _FLUSH_ROWS events is built in parts, one per flush, joined at the end (_frame_of): the
+    # same tables, in the same row order, as one flush (a plain copy: the mapped reader cuts slices of _BLOCK // 16)
+    plain = tmp_path / "rank0.pt.trace.json"
+    plain.write_bytes(gzip.decompress(Path(path).read_bytes()) if path.name.endswith(".gz") else Path(path).read_bytes())
+    one = kineto.read(plain, Source(plain, "kineto"))
+    monkeypatch.setattr(kineto, "_FLUSH_ROWS", 97)
+    monkeypatch.setattr(kineto, "_BLOCK", 64 << 10)  # slices of 4 KB: a flush is due at the end of a slice
+    flushes = []
+    real_flush = kineto._Acc.flush
+    monkeypatch.setattr(kineto._Acc, "flush", lambda self: (flushes.append(1), real_flush(self))[1])
+    many = kineto.read(plain, Source(plain, "kineto"))
+    assert len(flushes) > 5
+    assert sorted(one) == sorted(many)
+    for name in one:
+        a = one[name].read() if hasattr(one[name], "read") else one[name]
+        b = many[name].read() if hasattr(many[name], "read") else many[name]
+        assert_frame_equal(a, b, check_exact=True)
+
+
+def test_torch_cpu_traces_are_cut_into_slices(tmp_path, monkeypatch):
+    # torch's CPU-only traces open traceEvents with a blank line ("[\n    \n  {") that no later event repeats: the
+    # separator is the indent alone, so the mapped reader cuts slices (before, the whole file was one slice, and a
+    # gzipped one was inflated whole into memory first)
+    src = FIXTURES / "cpu-ddp-eager" / "rank0.pt.trace.json.gz"
+    raw = gzip.decompress(src.read_bytes())
+    m = kineto._ARR_HEAD.search(raw)
+    assert m.group(1) == b"\n    \n  "
+    sep, _ = kineto._layout(m.group(1), raw[m.end(): m.end() + (1 << 20)])
+    assert sep == b"\n  },\n  {" and raw.count(sep) > 1000
+    plain = tmp_path / "rank0.pt.trace.json"
+    plain.write_bytes(raw)
+    monkeypatch.setattr(kineto, "_BLOCK", 64 << 10)
+    feeds = []
+    real_feed = kineto._Acc.feed
+    monkeypatch.setattr(kineto._Acc, "feed", lambda self, *a: (feeds.append(1), real_feed(self, *a))[1])
+    tables = kineto.read(plain, Source(plain, "kineto"))
+    assert len(feeds) > 50 and tables["host_ops"].height > 1000
