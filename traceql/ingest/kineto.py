@@ -526,8 +526,9 @@ _SCAN_INDEX = {b: i for i, (b, _) in enumerate(_SCAN_BUCKETS)}
 _TEXT_FIELDS = frozenset({"ph", "cat", "name", "pid_s", "tid_s", "sync_kind"})
 # Scanner rows per flush into table parts: about 2.4 GB of JSON. Each flush briefly holds its rows twice (the scanner's
 # columns and the built table part), and the parts of several flushes are copied into one at the end (_frame_of),
-# which holds every row twice as well: so fewer flushes cost no more memory and save that copy. 1 GB (4.3M events)
-# in one flush instead of five: `check` 3.31 / 3.48 -> 2.74 / 3.10 CPU s, peak 1003 -> 1039 MB (4 interleaved pairs).
+# which holds every row twice as well: so fewer flushes cost little more memory and save that copy. 1 GB (4.3M
+# events) in one flush instead of five: `check` 3.31 / 3.48 -> 2.74 / 3.10 CPU s, peak 1003 -> 1039 MB (4
+# interleaved pairs; in the eighth round, before _Codes gathered from one chunk, it did not pay).
 _FLUSH_ROWS = 1 << 23
 
 
