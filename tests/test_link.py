@@ -254,7 +254,8 @@ def test_clock_offsets_recover_a_planted_offset_despite_an_outlier():
 
 
 def test_one_rank_is_unaligned_as_the_general_path_says(monkeypatch):
-    # the one-rank answer comes early (clock._unaligned); a rank whose calls repeat a match id takes the long way
+    # one rank's answer comes early (clock._unaligned) and is the row the general path gave it before the shortcut
+    # (c235852); two ranks never take the shortcut
     from traceql.link import clock
 
     early = link.ensure(_run_from(_calls(0, 5, 0)), "clock_offsets")
