@@ -254,8 +254,8 @@ def test_clock_offsets_recover_a_planted_offset_despite_an_outlier():
 
 
 def test_one_rank_is_unaligned_as_the_general_path_says(monkeypatch):
-    # one rank's answer comes early (clock._unaligned) and is the row the general path gave it before the shortcut
-    # (c235852); two ranks never take the shortcut
+    # one rank: no call matched on two ranks, so offset 0 and unaligned (clock._unaligned); two ranks are aligned by
+    # the matching, never given that answer
     from traceql.link import clock
 
     early = link.ensure(_run_from(_calls(0, 5, 0)), "clock_offsets")

@@ -41,8 +41,6 @@ def clock_offsets(run: Run) -> pl.DataFrame:
     ranks = sorted(set(m["rank"].to_list())) if m.height else []
     if not ranks:
         return pl.DataFrame(schema=SCHEMA)
-    if len(ranks) == 1 and m["match_id"].n_unique() == m.height:
-        return _unaligned(ranks)  # one rank, each call once: no call is matched on two ranks (as below, sooner)
     # Ranks recorded in one source (one nsys file holding several processes) share its clock: one domain.
     domain_of = dict(m.group_by("rank").agg(pl.col("source").first()).iter_rows())
     a = m.select(
